@@ -1,0 +1,138 @@
+"""The Layer contract and the registry of layer types.
+
+A layer is built from its ``LayerParameter`` (a :class:`minicaffe.proto.Message`) and run by the
+Net in Caffe's order::
+
+    setup(bottom, top)      = check_arity -> layer_setup -> reshape -> set loss weights (once)
+    forward(bottom, top)    -> top.data from bottom.data      (the Net calls reshape first)
+    backward(top, propagate_down, bottom)
+                            -> bottom[i].diff for every i with propagate_down[i],
+                               and *accumulates* into each parameter blob's diff (Caffe's rule:
+                               the solver clears parameter diffs, so shared parameters sum)
+
+``bottom`` and ``top`` are lists of :class:`Blob`.  A subclass sets ``type`` (Caffe's type
+string) and is registered with ``@register``; it declares its arity with the class attributes
+``min_bottom``/``max_bottom``/``min_top``/``max_top`` (None = unbounded).  Loss layers set
+``is_loss = True``: their first top then gets loss weight 1 unless the prototxt says otherwise.
+
+A layer never branches on the device: array work goes through ``self.xp`` (numpy or CuPy) and
+kernels through ``self.backend`` (a module of flat functions, see minicaffe.backend).
+"""
+import numpy as np
+
+from .blob import Blob
+from .errors import LayerError, did_you_mean
+
+LAYERS = {}
+
+
+def register(cls):
+    """Class decorator: make ``cls`` creatable by its Caffe type string ``cls.type``."""
+    if not cls.type:
+        raise TypeError(f"{cls.__name__} has no 'type' string")
+    if cls.type in LAYERS and LAYERS[cls.type] is not cls:
+        raise TypeError(f"layer type '{cls.type}' registered twice ({LAYERS[cls.type].__name__}, {cls.__name__})")
+    LAYERS[cls.type] = cls
+    return cls
+
+
+def layer_class(type_name, where=""):
+    from . import layers  # noqa: F401  (registers every built-in layer)
+    cls = LAYERS.get(type_name)
+    if cls is None:
+        raise LayerError(where or "?", type_name,
+                         f"unknown layer type '{type_name}'." + did_you_mean(type_name, LAYERS, "layer types"))
+    return cls
+
+
+def create_layer(param, backend, dtype=np.float32, phase="TRAIN"):
+    """Instantiate the registered class for ``param.type``."""
+    return layer_class(param.type, param.name)(param, backend=backend, dtype=dtype, phase=phase)
+
+
+class Layer:
+    type = None
+    min_bottom, max_bottom = 0, None
+    min_top, max_top = 0, None
+    is_loss = False
+    #: Caffe's AutoTopBlobs: the Net creates anonymous tops up to ``min_top`` if the prototxt names fewer
+    auto_top_blobs = False
+
+    def __init__(self, param, backend=None, dtype=np.float32, phase="TRAIN"):
+        if backend is None:
+            from . import backend as _backend
+            backend = _backend.get()
+        self.param = param
+        self.name = param.name
+        self.backend = backend
+        self.xp = backend.xp
+        self.dtype = np.dtype(dtype)
+        self.phase = phase
+        self.blobs = []            # learnable parameters, in Caffe's order (weights, bias, ...)
+        self.param_propagate_down = []
+        self.loss_weights = []
+
+    # -- helpers for subclasses ----------------------------------------------------------------
+    def error(self, message):
+        """An error naming this layer; ``raise self.error(...)``."""
+        return LayerError(self.name, self.type, message)
+
+    def new_blob(self, shape, name=""):
+        return Blob(shape, dtype=self.dtype, xp=self.xp, name=name or self.name)
+
+    def allow_force_backward(self, bottom_index):
+        """False for inputs no gradient can flow to (labels of a loss layer)."""
+        return True
+
+    # -- the contract --------------------------------------------------------------------------
+    def setup(self, bottom, top):
+        self.check_arity(bottom, top)
+        self.layer_setup(bottom, top)
+        self.reshape(bottom, top)
+        self.set_loss_weights(top)
+
+    def check_arity(self, bottom, top):
+        for what, blobs, lo, hi in (("bottom", bottom, self.min_bottom, self.max_bottom),
+                                    ("top", top, self.min_top, self.max_top)):
+            n = len(blobs)
+            if n < lo or (hi is not None and n > hi):
+                want = f"exactly {lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
+                raise self.error(f"takes {want} {what} blob(s), got {n}")
+
+    def layer_setup(self, bottom, top):
+        """Read the layer's parameters and create its parameter blobs (once)."""
+
+    def reshape(self, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__}.reshape")
+
+    def forward(self, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def backward(self, top, propagate_down, bottom):
+        """Default: a layer with nothing to propagate (data layers, Silence, Accuracy)."""
+
+    # -- loss ----------------------------------------------------------------------------------
+    def set_loss_weights(self, top):
+        weights = list(self.param.loss_weight)
+        if weights and len(weights) != len(top):
+            raise self.error(f"loss_weight given {len(weights)} time(s) but the layer has {len(top)} top(s)")
+        if not weights:
+            weights = [1.0 if (self.is_loss and i == 0) else 0.0 for i in range(len(top))]
+        self.loss_weights = [float(w) for w in weights]
+        for w, t in zip(self.loss_weights, top):
+            if w != 0.0:
+                # As in Caffe, a loss top carries its weight in its diff: backward reads it there.
+                t.diff[...] = w
+
+    def forward_loss(self, bottom, top):
+        """Reshape, forward, and return this layer's weighted loss (Caffe's Layer::Forward)."""
+        self.reshape(bottom, top)
+        self.forward(bottom, top)
+        loss = 0.0
+        for w, t in zip(self.loss_weights, top):
+            if w != 0.0:
+                loss += float((t.data * t.diff).sum())
+        return loss
+
+    def __repr__(self):
+        return f"<{type(self).__name__} '{self.name}'>"
