@@ -1,0 +1,47 @@
+"""minicaffe: a from-scratch, readable deep learning engine in the style of Caffe.
+
+Use it as pycaffe::
+
+    import minicaffe as caffe
+    caffe.set_mode_cpu()
+    net = caffe.Net("nets/lenet.prototxt", caffe.TEST)            # or (prototxt, weights, phase)
+    out = net.forward(data=images)                                  # {"prob": array}
+    net.blobs["data"].data[...] = images; net.forward(); net.backward()
+    net.params["conv1"][0].data                                      # weights, writable in place
+"""
+from . import backend as _backend
+from .blob import Blob
+from .errors import LayerError, MinicaffeError, NetError, PrototxtError, SolverError, WeightsError
+from .layer import Layer, LAYERS
+from .net import TEST, TRAIN, Net
+from .rng import set_random_seed
+
+__version__ = "0.1.0"
+
+
+def set_mode_cpu():
+    _backend.set_mode("cpu")
+
+
+def set_mode_gpu():
+    """Select the GPU backend (see README: GPU); a clear error where there is none."""
+    _backend.set_mode("gpu")
+
+
+def set_device(index):
+    _backend.set_device(index)
+
+
+def layer_type_list():
+    from .layer import layer_class
+    layer_class("Input")          # imports and registers every layer
+    return sorted(LAYERS)
+
+
+def __getattr__(name):
+    # solvers live in their own package and are imported on first use
+    if name in ("SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver",
+                "AdamSolver", "get_solver", "Solver"):
+        from . import solvers
+        return getattr(solvers, name)
+    raise AttributeError(f"module 'minicaffe' has no attribute '{name}'")

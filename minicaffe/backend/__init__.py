@@ -24,6 +24,9 @@ def get(name=None):
 
 
 def set_mode(name):
+    if name == "gpu":
+        raise MinicaffeError("set_mode_gpu: this minicaffe has no GPU backend yet; use set_mode_cpu() "
+                             "(the CUDA backend is planned: docs/ARCHITECTURE.md)")
     get(name)
     _state["mode"] = name
 
