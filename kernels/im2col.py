@@ -1,0 +1,310 @@
+"""im2col / col2im: unroll convolution patches into the columns of a matrix, and back.
+
+Contract (docs/ARCHITECTURE.md, "Kernels"):
+
+    im2col(x, kh, kw, ph, pw, sh, sw, dh, dw, col)   x (N, C, H, W) -> col (C*kh*kw, N*OH*OW)
+    col2im(col, kh, kw, ph, pw, sh, sw, dh, dw, x)   col -> x, x OVERWRITTEN with the patch sums
+
+    row    r = (c*kh + i)*kw + j            (channel, kernel row, kernel column)
+    column q = n*OH*OW + oh*OW + ow         (image, output row, output column)
+    col[r, q] = x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw], 0 outside the image
+    OH = (H + 2*ph - (dh*(kh-1) + 1)) // sh + 1   (Caffe's floor rounding; OW likewise)
+
+The batch lives in the columns, so a convolution layer does ONE GEMM per batch,
+W (OC, C*kh*kw) @ col -> (OC, N*OH*OW), instead of Caffe's one GEMM per image; the layer moves
+N to the front afterwards.  Arrays are C-contiguous float32 or float64; col must have exactly
+the shape above (checked: a wrong shape raises ValueError instead of writing out of bounds).
+
+Versions:
+  v1_naive   one loop per element of col, in col's order, with a bounds test on every element
+             (the textbook loop; Caffe's im2col_cpu with the batch folded in).
+  v2_rows    the same order, but for each (row, output row) the range of ow that lands inside
+             the image is computed once: the inner loop is a branch-free copy (contiguous when
+             sw == 1, which LLVM turns into vector moves), and the padding is written as zeros
+             in separate loops.  Serial, nogil: the engine's default.
+  v3_planes  v2's inner loops with the loop nest turned around: (n, c) outermost, so one input
+             plane (H*W, a few KB) stays in L1 while its kh*kw rows of col are written;
+             v2 walks the whole batch of channel c (N*H*W) kh*kw times, from L2 or beyond.
+  v4_prange  v2 (im2col: rows split across cores; col2im: channels, which write disjoint parts
+             of x) with numba's prange.  Opt-in: numba's default workqueue threading layer
+             cannot run two parallel regions at once, so it must not be called from several
+             Python threads; the serial versions can (they release the GIL).
+"""
+import numpy as np
+from numba import njit, prange
+
+from . import _versions
+
+__all__ = ["im2col", "col2im", "im2col_reference", "col2im_reference", "out_size",
+           "VERSIONS", "DEFAULTS", "use"]
+
+
+@njit(nogil=True, cache=True)
+def out_size(size, k, p, s, d):
+    """Caffe's output size of a convolution along one axis (floor rounding)."""
+    return (size + 2 * p - (d * (k - 1) + 1)) // s + 1
+
+
+@njit(nogil=True, cache=True)
+def _ceil_div(a, b):
+    return -((-a) // b)
+
+
+@njit(nogil=True, cache=True)
+def _valid_range(off, s, size, out):
+    """[lo, hi): the o in [0, out) with 0 <= o*s + off < size."""
+    lo = min(max(_ceil_div(-off, s), 0), out)
+    hi = min(max(_ceil_div(size - off, s), lo), out)
+    return lo, hi
+
+
+@njit(nogil=True, cache=True)
+def _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
+    N, C, H, W = x.shape
+    if kh < 1 or kw < 1 or sh < 1 or sw < 1 or dh < 1 or dw < 1 or ph < 0 or pw < 0:
+        raise ValueError("im2col/col2im: kernel, stride, dilation must be >= 1, pad >= 0")
+    OH = out_size(H, kh, ph, sh, dh)
+    OW = out_size(W, kw, pw, sw, dw)
+    if OH < 1 or OW < 1:
+        raise ValueError("im2col/col2im: the (dilated) kernel is larger than the padded input")
+    if col.shape[0] != C * kh * kw or col.shape[1] != N * OH * OW:
+        raise ValueError("im2col/col2im: col must have shape (C*kh*kw, N*OH*OW)")
+    return N, C, H, W, OH, OW
+
+
+# -- reference (numpy, float64) ----------------------------------------------------------------
+def im2col_reference(x, kh, kw, ph, pw, sh, sw, dh, dw, col=None):
+    """float64 col from slices of the zero-padded input (one strided slice per (i, j))."""
+    x = np.asarray(x, dtype=np.float64)
+    N, C, H, W = x.shape
+    OH = (H + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
+    OW = (W + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    out = np.empty((C, kh, kw, N, OH, OW))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i * dh: i * dh + sh * (OH - 1) + 1: sh,
+                       j * dw: j * dw + sw * (OW - 1) + 1: sw]          # (N, C, OH, OW)
+            out[:, i, j] = patch.transpose(1, 0, 2, 3)
+    out = out.reshape(C * kh * kw, N * OH * OW)
+    if col is not None:
+        col[...] = out
+    return out
+
+
+def col2im_reference(col, kh, kw, ph, pw, sh, sw, dh, dw, x_shape, x=None):
+    """float64 x of shape x_shape: every column added back at its patch (the adjoint of im2col)."""
+    N, C, H, W = x_shape
+    OH = (H + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
+    OW = (W + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    c6 = np.asarray(col, dtype=np.float64).reshape(C, kh, kw, N, OH, OW)
+    xp = np.zeros((N, C, H + 2 * ph, W + 2 * pw))
+    for i in range(kh):
+        for j in range(kw):
+            xp[:, :, i * dh: i * dh + sh * (OH - 1) + 1: sh,
+               j * dw: j * dw + sw * (OW - 1) + 1: sw] += c6[:, i, j].transpose(1, 0, 2, 3)
+    out = xp[:, :, ph: ph + H, pw: pw + W]
+    if x is not None:
+        x[...] = out
+    return out
+
+
+# -- v1: naive ----------------------------------------------------------------------------------
+@njit(nogil=True, cache=True)
+def im2col_v1_naive(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
+    N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+    for r in range(C * kh * kw):
+        c = r // (kh * kw)
+        i = (r // kw) % kh
+        j = r % kw
+        for q in range(N * OH * OW):
+            n = q // (OH * OW)
+            oh = (q // OW) % OH
+            ow = q % OW
+            ih = oh * sh - ph + i * dh
+            iw = ow * sw - pw + j * dw
+            if 0 <= ih < H and 0 <= iw < W:
+                col[r, q] = x[n, c, ih, iw]
+            else:
+                col[r, q] = 0
+
+
+@njit(nogil=True, cache=True)
+def col2im_v1_naive(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
+    N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+    x[...] = 0
+    for r in range(C * kh * kw):
+        c = r // (kh * kw)
+        i = (r // kw) % kh
+        j = r % kw
+        for q in range(N * OH * OW):
+            n = q // (OH * OW)
+            oh = (q // OW) % OH
+            ow = q % OW
+            ih = oh * sh - ph + i * dh
+            iw = ow * sw - pw + j * dw
+            if 0 <= ih < H and 0 <= iw < W:
+                x[n, c, ih, iw] += col[r, q]
+
+
+# -- v2: rows, bounds hoisted -------------------------------------------------------------------
+@njit(nogil=True, cache=True)
+def _ranges(kh, kw, ph, pw, sh, sw, dh, dw, H, W, OH, OW):
+    """For each kernel row i the output rows [oh_lo, oh_hi) whose input row is inside the
+    image; for each kernel column j the same for output columns (computed once per call:
+    integer divisions are expensive, and they do not depend on n, c or oh)."""
+    oh_rng = np.empty((kh, 2), np.int64)
+    ow_rng = np.empty((kw, 2), np.int64)
+    for i in range(kh):
+        oh_rng[i, 0], oh_rng[i, 1] = _valid_range(i * dh - ph, sh, H, OH)
+    for j in range(kw):
+        ow_rng[j, 0], ow_rng[j, 1] = _valid_range(j * dw - pw, sw, W, OW)
+    return oh_rng, ow_rng
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _im2col_tap(xp, i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, crow):
+    """crow (OH*OW,) = the input plane xp (H, W) seen through kernel tap (i, j): rows of the
+    padding are zeros, the inside is one slice copy per output row (contiguous if sw == 1)."""
+    oh_lo, oh_hi = oh_rng[i, 0], oh_rng[i, 1]
+    ow_lo, ow_hi = ow_rng[j, 0], ow_rng[j, 1]
+    off_w = j * dw - pw
+    crow[:oh_lo * OW] = 0
+    for oh in range(oh_lo, oh_hi):
+        ih = oh * sh - ph + i * dh
+        d = oh * OW
+        crow[d:d + ow_lo] = 0
+        crow[d + ow_lo:d + ow_hi] = xp[ih, ow_lo * sw + off_w:(ow_hi - 1) * sw + off_w + 1:sw]
+        crow[d + ow_hi:d + OW] = 0
+    crow[oh_hi * OW:] = 0
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _col2im_tap(crow, i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, xp):
+    """xp (H, W) += crow (OH*OW,) put back through kernel tap (i, j): the adjoint of
+    _im2col_tap (padding positions are dropped)."""
+    oh_lo, oh_hi = oh_rng[i, 0], oh_rng[i, 1]
+    ow_lo, ow_hi = ow_rng[j, 0], ow_rng[j, 1]
+    off_w = j * dw - pw
+    for oh in range(oh_lo, oh_hi):
+        ih = oh * sh - ph + i * dh
+        d = oh * OW
+        if sw == 1:
+            for ow in range(ow_lo, ow_hi):
+                xp[ih, ow + off_w] += crow[d + ow]
+        else:
+            for ow in range(ow_lo, ow_hi):
+                xp[ih, ow * sw + off_w] += crow[d + ow]
+
+
+@njit(nogil=True, cache=True)
+def im2col_v2_rows(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
+    N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+    oh_rng, ow_rng = _ranges(kh, kw, ph, pw, sh, sw, dh, dw, H, W, OH, OW)
+    P = OH * OW
+    for c in range(C):
+        for i in range(kh):
+            for j in range(kw):
+                row = col[(c * kh + i) * kw + j]
+                for n in range(N):
+                    _im2col_tap(x[n, c], i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng,
+                                row[n * P:(n + 1) * P])
+
+
+@njit(nogil=True, cache=True)
+def col2im_v2_rows(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
+    N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+    oh_rng, ow_rng = _ranges(kh, kw, ph, pw, sh, sw, dh, dw, H, W, OH, OW)
+    P = OH * OW
+    x[...] = 0
+    for c in range(C):
+        for i in range(kh):
+            for j in range(kw):
+                row = col[(c * kh + i) * kw + j]
+                for n in range(N):
+                    _col2im_tap(row[n * P:(n + 1) * P], i, j, ph, pw, sh, sw, dh, dw, OH, OW,
+                                oh_rng, ow_rng, x[n, c])
+
+
+# -- v3: plane order ----------------------------------------------------------------------------
+@njit(nogil=True, cache=True)
+def im2col_v3_planes(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
+    N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+    oh_rng, ow_rng = _ranges(kh, kw, ph, pw, sh, sw, dh, dw, H, W, OH, OW)
+    P = OH * OW
+    for n in range(N):
+        for c in range(C):
+            xp = x[n, c]
+            for i in range(kh):
+                for j in range(kw):
+                    _im2col_tap(xp, i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng,
+                                col[(c * kh + i) * kw + j, n * P:(n + 1) * P])
+
+
+@njit(nogil=True, cache=True)
+def col2im_v3_planes(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
+    N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+    oh_rng, ow_rng = _ranges(kh, kw, ph, pw, sh, sw, dh, dw, H, W, OH, OW)
+    P = OH * OW
+    for n in range(N):
+        for c in range(C):
+            xp = x[n, c]
+            xp[...] = 0
+            for i in range(kh):
+                for j in range(kw):
+                    _col2im_tap(col[(c * kh + i) * kw + j, n * P:(n + 1) * P], i, j,
+                                ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, xp)
+
+
+# -- v4: prange -----------------------------------------------------------------------------------
+@njit(nogil=True, cache=True, parallel=True)
+def im2col_v4_prange(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
+    N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+    oh_rng, ow_rng = _ranges(kh, kw, ph, pw, sh, sw, dh, dw, H, W, OH, OW)
+    P = OH * OW
+    for r in prange(C * kh * kw):
+        c = r // (kh * kw)
+        i = (r // kw) % kh
+        j = r % kw
+        row = col[r]
+        for n in range(N):
+            _im2col_tap(x[n, c], i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng,
+                        row[n * P:(n + 1) * P])
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def col2im_v4_prange(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
+    N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+    oh_rng, ow_rng = _ranges(kh, kw, ph, pw, sh, sw, dh, dw, H, W, OH, OW)
+    P = OH * OW
+    for c in prange(C):               # channel c writes only x[:, c]: no two threads collide
+        for n in range(N):
+            xp = x[n, c]
+            xp[...] = 0
+            for i in range(kh):
+                for j in range(kw):
+                    _col2im_tap(col[(c * kh + i) * kw + j, n * P:(n + 1) * P], i, j,
+                                ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, xp)
+
+
+VERSIONS = {
+    "im2col": {"v1_naive": im2col_v1_naive, "v2_rows": im2col_v2_rows,
+               "v3_planes": im2col_v3_planes, "v4_prange": im2col_v4_prange},
+    "col2im": {"v1_naive": col2im_v1_naive, "v2_rows": col2im_v2_rows,
+               "v3_planes": col2im_v3_planes, "v4_prange": col2im_v4_prange},
+}
+DEFAULTS = {"im2col": "v2_rows", "col2im": "v2_rows"}
+REFERENCES = {"im2col": im2col_reference, "col2im": col2im_reference}
+
+im2col = VERSIONS["im2col"][DEFAULTS["im2col"]]
+col2im = VERSIONS["col2im"][DEFAULTS["col2im"]]
+
+
+def use(version):
+    """Bind im2col and col2im to ``version`` (a key of VERSIONS[...], or "default")."""
+    _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
+
+
+from . import _apply_env  # noqa: E402
+
+_apply_env("im2col")
