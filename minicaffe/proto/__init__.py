@@ -1,5 +1,6 @@
-"""Caffe's protobuf formats, from scratch: the schema of caffe.proto, messages, the text format
-(.prototxt), the binary wire format (.caffemodel) and the upgrade of legacy nets.
+"""Caffe's protobuf formats, from scratch: the schema of caffe.proto (``schema``), messages
+(``message``), the text format of .prototxt files (``text_format``), the binary wire format of
+.caffemodel files (``wire``) and the upgrade of legacy definitions (``upgrade``).
 
     >>> from minicaffe.proto import parse
     >>> net = parse('name: "tiny" layer { name: "ip" type: "InnerProduct" '
@@ -10,5 +11,8 @@
 from minicaffe.proto.message import Message
 from minicaffe.proto.schema import SCHEMA
 from minicaffe.proto.text_format import parse, parse_file, to_text
+from minicaffe.proto.upgrade import upgrade_net, upgrade_solver
+from minicaffe.proto.wire import decode, encode
 
-__all__ = ["Message", "parse", "parse_file", "to_text", "SCHEMA"]
+__all__ = ["Message", "parse", "parse_file", "to_text", "decode", "encode", "upgrade_net",
+           "upgrade_solver", "SCHEMA"]

@@ -268,12 +268,13 @@ class Message:
         return out
 
     def copy(self):
-        """A deep copy (numpy arrays are copied too)."""
+        """A deep copy.  Writable numpy arrays are copied; read-only ones (the blobs decoded
+        from a caffemodel) are shared, since nobody can change them."""
         new = Message(self.type_name)
         for name, value in self._values.items():
             field = self._desc.by_name[name]
             if isinstance(value, np.ndarray):
-                value = value.copy()
+                value = value.copy() if value.flags.writeable else value
             elif field.repeated:
                 items = [v.copy() for v in value] if field.kind == "message" else value
                 value = RepeatedField(new, field)

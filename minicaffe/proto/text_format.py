@@ -36,9 +36,8 @@ import re
 import numpy as np
 
 from minicaffe.errors import PrototxtError
-from minicaffe.proto.schema import suggest
 from minicaffe.proto.message import Message
-from minicaffe.proto.schema import INT_RANGES
+from minicaffe.proto.schema import INT_RANGES, suggest
 
 
 # ---------------------------------------------------------------------------------------------
