@@ -1,0 +1,449 @@
+"""Max and average pooling, forward and backward (Caffe's semantics, exactly).
+
+Contract (docs/ARCHITECTURE.md, "Kernels"):
+
+    max_pool_fwd(x, kh, kw, sh, sw, ph, pw, y, mask)   x (N,C,H,W) -> y, mask (N,C,PH,PW)
+    max_pool_bwd(dy, mask, dx)                          dx (N,C,H,W) OVERWRITTEN
+    ave_pool_fwd(x, kh, kw, sh, sw, ph, pw, y)
+    ave_pool_bwd(dy, kh, kw, sh, sw, ph, pw, dx)        dx OVERWRITTEN
+
+PH, PW are read from y's (dy's) shape: Caffe's ceil rounding is the layer's job.  Window
+(p, q) covers rows [p*sh - ph, p*sh - ph + kh) and columns likewise, clipped to the image.
+
+* max: mask (int32) = h*W + w of the maximum inside its (n, c) plane; ties go to the first
+  element in row-major scan order (Caffe compares with a strict ``>``).  A window that lies
+  wholly in the padding (Caffe's sizes never make one) gives y = 0, mask = -1, and no gradient.
+* average: the divisor is the window clipped to [-ph, H + ph) x [-pw, W + pw) -- that is,
+  padding cells inside the padded image count, cells beyond it do not -- while the sum runs
+  over the window clipped to the image (Caffe's AVE pooling; not "count_include_pad" either
+  way).  The backward pass spreads dy / divisor over the same image-clipped window.
+
+Versions:
+  v1_naive   Caffe's CPU loop transliterated: every window's bounds recomputed for every
+             (n, c), 4-d indexing throughout.
+  v2_plane   the window bounds and divisors are tabulated once per call (they do not depend
+             on n or c), and each (n, c) plane is a 2-d view walked with contiguous rows:
+             serial, nogil, the engine's default.
+  v3_k2s2    v2 plus a special case for the commonest geometry (2x2, stride 2, no padding:
+             LeNet's pools) with the window unrolled to four loads and no inner loops.
+  v4_prange  v2 with the (n, c) planes split across cores by prange.  Opt-in: numba's default
+             workqueue threading layer cannot run two parallel regions at once.
+"""
+import numpy as np
+from numba import njit, prange
+
+from . import _versions
+
+__all__ = ["max_pool_fwd", "max_pool_bwd", "ave_pool_fwd", "ave_pool_bwd",
+           "max_pool_fwd_reference", "max_pool_bwd_reference", "ave_pool_fwd_reference",
+           "ave_pool_bwd_reference", "VERSIONS", "DEFAULTS", "use"]
+
+
+# -- reference (numpy, float64) ----------------------------------------------------------------
+def _windows(H, W, PH, PW, kh, kw, sh, sw, ph, pw):
+    """Yield (p, q, hs, he, ws, we, divisor) for every output position (Caffe's formulas)."""
+    for p in range(PH):
+        for q in range(PW):
+            hs, ws = p * sh - ph, q * sw - pw
+            he, we = min(hs + kh, H + ph), min(ws + kw, W + pw)
+            div = (he - hs) * (we - ws)
+            hs, ws = max(hs, 0), max(ws, 0)
+            he, we = min(he, H), min(we, W)
+            yield p, q, hs, he, ws, we, div
+
+
+def max_pool_fwd_reference(x, kh, kw, sh, sw, ph, pw, PH, PW):
+    """(y float64, mask int32) by argmax over each window (numpy's argmax keeps the first)."""
+    x = np.asarray(x, dtype=np.float64)
+    N, C, H, W = x.shape
+    y = np.zeros((N, C, PH, PW))
+    mask = np.full((N, C, PH, PW), -1, np.int32)
+    for p, q, hs, he, ws, we, _ in _windows(H, W, PH, PW, kh, kw, sh, sw, ph, pw):
+        if he <= hs or we <= ws:
+            continue
+        win = x[:, :, hs:he, ws:we].reshape(N, C, -1)
+        k = np.argmax(win, axis=2)
+        y[:, :, p, q] = np.take_along_axis(win, k[..., None], axis=2)[..., 0]
+        mask[:, :, p, q] = (hs + k // (we - ws)) * W + ws + k % (we - ws)
+    return y, mask
+
+
+def max_pool_bwd_reference(dy, mask, x_shape):
+    N, C, H, W = x_shape
+    dx = np.zeros((N * C, H * W))
+    m = np.asarray(mask).reshape(N * C, -1)
+    d = np.asarray(dy, dtype=np.float64).reshape(N * C, -1)
+    rows = np.repeat(np.arange(N * C), m.shape[1]).reshape(m.shape)
+    ok = m >= 0
+    np.add.at(dx, (rows[ok], m[ok]), d[ok])
+    return dx.reshape(x_shape)
+
+
+def ave_pool_fwd_reference(x, kh, kw, sh, sw, ph, pw, PH, PW):
+    x = np.asarray(x, dtype=np.float64)
+    N, C, H, W = x.shape
+    y = np.zeros((N, C, PH, PW))
+    for p, q, hs, he, ws, we, div in _windows(H, W, PH, PW, kh, kw, sh, sw, ph, pw):
+        y[:, :, p, q] = x[:, :, hs:he, ws:we].sum(axis=(2, 3)) / div
+    return y
+
+
+def ave_pool_bwd_reference(dy, kh, kw, sh, sw, ph, pw, x_shape):
+    dy = np.asarray(dy, dtype=np.float64)
+    N, C, H, W = x_shape
+    PH, PW = dy.shape[2:]
+    dx = np.zeros(x_shape)
+    for p, q, hs, he, ws, we, div in _windows(H, W, PH, PW, kh, kw, sh, sw, ph, pw):
+        dx[:, :, hs:he, ws:we] += (dy[:, :, p, q] / div)[:, :, None, None]
+    return dx
+
+
+# -- shared checks ---------------------------------------------------------------------------
+@njit(nogil=True, cache=True)
+def _check(x, y, kh, kw, sh, sw, ph, pw):
+    if x.shape[0] != y.shape[0] or x.shape[1] != y.shape[1]:
+        raise ValueError("pooling: x and y must agree in N and C")
+    if kh < 1 or kw < 1 or sh < 1 or sw < 1 or ph < 0 or pw < 0:
+        raise ValueError("pooling: kernel and stride must be >= 1, pad >= 0")
+
+
+# -- v1: naive (Caffe's loop) -------------------------------------------------------------------
+@njit(nogil=True, cache=True)
+def max_pool_fwd_v1_naive(x, kh, kw, sh, sw, ph, pw, y, mask):
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    N, C, H, W = x.shape
+    PH, PW = y.shape[2], y.shape[3]
+    for n in range(N):
+        for c in range(C):
+            for p in range(PH):
+                for q in range(PW):
+                    hs = max(p * sh - ph, 0)
+                    ws = max(q * sw - pw, 0)
+                    he = min(p * sh - ph + kh, H)
+                    we = min(q * sw - pw + kw, W)
+                    best = y.dtype.type(0)
+                    idx = -1
+                    for h in range(hs, he):
+                        for w in range(ws, we):
+                            if idx < 0 or x[n, c, h, w] > best:
+                                best = x[n, c, h, w]
+                                idx = h * W + w
+                    y[n, c, p, q] = best
+                    mask[n, c, p, q] = idx
+
+
+@njit(nogil=True, cache=True)
+def max_pool_bwd_v1_naive(dy, mask, dx):
+    N, C, H, W = dx.shape
+    PH, PW = dy.shape[2], dy.shape[3]
+    dx[...] = 0
+    for n in range(N):
+        for c in range(C):
+            for p in range(PH):
+                for q in range(PW):
+                    k = mask[n, c, p, q]
+                    if k >= 0:
+                        dx[n, c, k // W, k % W] += dy[n, c, p, q]
+
+
+@njit(nogil=True, cache=True)
+def ave_pool_fwd_v1_naive(x, kh, kw, sh, sw, ph, pw, y):
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    N, C, H, W = x.shape
+    PH, PW = y.shape[2], y.shape[3]
+    for n in range(N):
+        for c in range(C):
+            for p in range(PH):
+                for q in range(PW):
+                    hs = p * sh - ph
+                    ws = q * sw - pw
+                    he = min(hs + kh, H + ph)
+                    we = min(ws + kw, W + pw)
+                    div = (he - hs) * (we - ws)
+                    hs = max(hs, 0)
+                    ws = max(ws, 0)
+                    he = min(he, H)
+                    we = min(we, W)
+                    s = y.dtype.type(0)
+                    for h in range(hs, he):
+                        for w in range(ws, we):
+                            s += x[n, c, h, w]
+                    y[n, c, p, q] = s / div
+
+
+@njit(nogil=True, cache=True)
+def ave_pool_bwd_v1_naive(dy, kh, kw, sh, sw, ph, pw, dx):
+    _check(dx, dy, kh, kw, sh, sw, ph, pw)
+    N, C, H, W = dx.shape
+    PH, PW = dy.shape[2], dy.shape[3]
+    dx[...] = 0
+    for n in range(N):
+        for c in range(C):
+            for p in range(PH):
+                for q in range(PW):
+                    hs = p * sh - ph
+                    ws = q * sw - pw
+                    he = min(hs + kh, H + ph)
+                    we = min(ws + kw, W + pw)
+                    div = (he - hs) * (we - ws)
+                    hs = max(hs, 0)
+                    ws = max(ws, 0)
+                    he = min(he, H)
+                    we = min(we, W)
+                    g = dy[n, c, p, q] / div
+                    for h in range(hs, he):
+                        for w in range(ws, we):
+                            dx[n, c, h, w] += g
+
+
+# -- v2: tabulated windows, one plane at a time ------------------------------------------------
+@njit(nogil=True, cache=True)
+def _table(n_out, size, k, s, p):
+    """Per output index: [start, end) clipped to the image, and the padded extent (for the
+    average's divisor).  One row per output position along one axis."""
+    t = np.empty((n_out, 3), np.int64)
+    for o in range(n_out):
+        a = o * s - p
+        b = min(a + k, size + p)
+        t[o, 2] = b - a
+        t[o, 0] = max(a, 0)
+        t[o, 1] = min(b, size)
+    return t
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _max_plane(xp, th, tw, yp, mp):
+    W = xp.shape[1]
+    for p in range(th.shape[0]):
+        hs, he = th[p, 0], th[p, 1]
+        for q in range(tw.shape[0]):
+            ws, we = tw[q, 0], tw[q, 1]
+            if he <= hs or we <= ws:
+                yp[p, q] = 0
+                mp[p, q] = -1
+                continue
+            best = xp[hs, ws]
+            idx = hs * W + ws
+            for h in range(hs, he):
+                row = xp[h]
+                for w in range(ws, we):
+                    if row[w] > best:
+                        best = row[w]
+                        idx = h * W + w
+            yp[p, q] = best
+            mp[p, q] = idx
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _max_bwd_plane(dyp, mp, dxf):
+    """dxf: the flat (H*W,) gradient plane."""
+    dxf[:] = 0
+    for p in range(mp.shape[0]):
+        for q in range(mp.shape[1]):
+            k = mp[p, q]
+            if k >= 0:
+                dxf[k] += dyp[p, q]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _ave_plane(xp, th, tw, yp):
+    for p in range(th.shape[0]):
+        hs, he = th[p, 0], th[p, 1]
+        for q in range(tw.shape[0]):
+            ws, we = tw[q, 0], tw[q, 1]
+            s = yp.dtype.type(0)
+            for h in range(hs, he):
+                row = xp[h]
+                for w in range(ws, we):
+                    s += row[w]
+            yp[p, q] = s / (th[p, 2] * tw[q, 2])
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _ave_bwd_plane(dyp, th, tw, dxp):
+    dxp[...] = 0
+    for p in range(th.shape[0]):
+        hs, he = th[p, 0], th[p, 1]
+        for q in range(tw.shape[0]):
+            ws, we = tw[q, 0], tw[q, 1]
+            g = dyp[p, q] / (th[p, 2] * tw[q, 2])
+            for h in range(hs, he):
+                row = dxp[h]
+                for w in range(ws, we):
+                    row[w] += g
+
+
+@njit(nogil=True, cache=True)
+def max_pool_fwd_v2_plane(x, kh, kw, sh, sw, ph, pw, y, mask):
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    N, C, H, W = x.shape
+    th = _table(y.shape[2], H, kh, sh, ph)
+    tw = _table(y.shape[3], W, kw, sw, pw)
+    for n in range(N):
+        for c in range(C):
+            _max_plane(x[n, c], th, tw, y[n, c], mask[n, c])
+
+
+@njit(nogil=True, cache=True)
+def max_pool_bwd_v2_plane(dy, mask, dx):
+    N, C, H, W = dx.shape
+    dxf = dx.reshape(N, C, H * W)
+    for n in range(N):
+        for c in range(C):
+            _max_bwd_plane(dy[n, c], mask[n, c], dxf[n, c])
+
+
+@njit(nogil=True, cache=True)
+def ave_pool_fwd_v2_plane(x, kh, kw, sh, sw, ph, pw, y):
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    N, C, H, W = x.shape
+    th = _table(y.shape[2], H, kh, sh, ph)
+    tw = _table(y.shape[3], W, kw, sw, pw)
+    for n in range(N):
+        for c in range(C):
+            _ave_plane(x[n, c], th, tw, y[n, c])
+
+
+@njit(nogil=True, cache=True)
+def ave_pool_bwd_v2_plane(dy, kh, kw, sh, sw, ph, pw, dx):
+    _check(dx, dy, kh, kw, sh, sw, ph, pw)
+    N, C, H, W = dx.shape
+    th = _table(dy.shape[2], H, kh, sh, ph)
+    tw = _table(dy.shape[3], W, kw, sw, pw)
+    for n in range(N):
+        for c in range(C):
+            _ave_bwd_plane(dy[n, c], th, tw, dx[n, c])
+
+
+# -- v3: 2x2 stride-2 special case --------------------------------------------------------------
+@njit(nogil=True, cache=True)
+def max_pool_fwd_v3_k2s2(x, kh, kw, sh, sw, ph, pw, y, mask):
+    N, C, H, W = x.shape
+    PH, PW = y.shape[2], y.shape[3]
+    if not (kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0
+            and 2 * PH <= H and 2 * PW <= W):
+        max_pool_fwd_v2_plane(x, kh, kw, sh, sw, ph, pw, y, mask)
+        return
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    for n in range(N):
+        for c in range(C):
+            xp = x[n, c]
+            yp = y[n, c]
+            mp = mask[n, c]
+            for p in range(PH):
+                r0 = xp[2 * p]
+                r1 = xp[2 * p + 1]
+                b0 = 2 * p * W
+                b1 = b0 + W
+                for q in range(PW):
+                    w = 2 * q
+                    best = r0[w]
+                    idx = b0 + w
+                    if r0[w + 1] > best:
+                        best = r0[w + 1]
+                        idx = b0 + w + 1
+                    if r1[w] > best:
+                        best = r1[w]
+                        idx = b1 + w
+                    if r1[w + 1] > best:
+                        best = r1[w + 1]
+                        idx = b1 + w + 1
+                    yp[p, q] = best
+                    mp[p, q] = idx
+
+
+@njit(nogil=True, cache=True)
+def ave_pool_fwd_v3_k2s2(x, kh, kw, sh, sw, ph, pw, y):
+    N, C, H, W = x.shape
+    PH, PW = y.shape[2], y.shape[3]
+    if not (kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0
+            and 2 * PH <= H and 2 * PW <= W):
+        ave_pool_fwd_v2_plane(x, kh, kw, sh, sw, ph, pw, y)
+        return
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    quarter = y.dtype.type(0.25)
+    for n in range(N):
+        for c in range(C):
+            xp = x[n, c]
+            yp = y[n, c]
+            for p in range(PH):
+                r0 = xp[2 * p]
+                r1 = xp[2 * p + 1]
+                for q in range(PW):
+                    w = 2 * q
+                    yp[p, q] = ((r0[w] + r0[w + 1]) + (r1[w] + r1[w + 1])) * quarter
+
+
+# -- v4: prange over planes -----------------------------------------------------------------------
+@njit(nogil=True, cache=True, parallel=True)
+def max_pool_fwd_v4_prange(x, kh, kw, sh, sw, ph, pw, y, mask):
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    N, C, H, W = x.shape
+    th = _table(y.shape[2], H, kh, sh, ph)
+    tw = _table(y.shape[3], W, kw, sw, pw)
+    for k in prange(N * C):
+        n, c = k // C, k % C
+        _max_plane(x[n, c], th, tw, y[n, c], mask[n, c])
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def max_pool_bwd_v4_prange(dy, mask, dx):
+    N, C, H, W = dx.shape
+    dxf = dx.reshape(N, C, H * W)
+    for k in prange(N * C):
+        n, c = k // C, k % C
+        _max_bwd_plane(dy[n, c], mask[n, c], dxf[n, c])
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def ave_pool_fwd_v4_prange(x, kh, kw, sh, sw, ph, pw, y):
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    N, C, H, W = x.shape
+    th = _table(y.shape[2], H, kh, sh, ph)
+    tw = _table(y.shape[3], W, kw, sw, pw)
+    for k in prange(N * C):
+        n, c = k // C, k % C
+        _ave_plane(x[n, c], th, tw, y[n, c])
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def ave_pool_bwd_v4_prange(dy, kh, kw, sh, sw, ph, pw, dx):
+    _check(dx, dy, kh, kw, sh, sw, ph, pw)
+    N, C, H, W = dx.shape
+    th = _table(dy.shape[2], H, kh, sh, ph)
+    tw = _table(dy.shape[3], W, kw, sw, pw)
+    for k in prange(N * C):
+        n, c = k // C, k % C
+        _ave_bwd_plane(dy[n, c], th, tw, dx[n, c])
+
+
+VERSIONS = {
+    "max_pool_fwd": {"v1_naive": max_pool_fwd_v1_naive, "v2_plane": max_pool_fwd_v2_plane,
+                     "v3_k2s2": max_pool_fwd_v3_k2s2, "v4_prange": max_pool_fwd_v4_prange},
+    "max_pool_bwd": {"v1_naive": max_pool_bwd_v1_naive, "v2_plane": max_pool_bwd_v2_plane,
+                     "v4_prange": max_pool_bwd_v4_prange},
+    "ave_pool_fwd": {"v1_naive": ave_pool_fwd_v1_naive, "v2_plane": ave_pool_fwd_v2_plane,
+                     "v3_k2s2": ave_pool_fwd_v3_k2s2, "v4_prange": ave_pool_fwd_v4_prange},
+    "ave_pool_bwd": {"v1_naive": ave_pool_bwd_v1_naive, "v2_plane": ave_pool_bwd_v2_plane,
+                     "v4_prange": ave_pool_bwd_v4_prange},
+}
+DEFAULTS = {"max_pool_fwd": "v3_k2s2", "max_pool_bwd": "v2_plane",
+            "ave_pool_fwd": "v3_k2s2", "ave_pool_bwd": "v2_plane"}
+REFERENCES = {"max_pool_fwd": max_pool_fwd_reference, "max_pool_bwd": max_pool_bwd_reference,
+              "ave_pool_fwd": ave_pool_fwd_reference, "ave_pool_bwd": ave_pool_bwd_reference}
+
+max_pool_fwd = VERSIONS["max_pool_fwd"][DEFAULTS["max_pool_fwd"]]
+max_pool_bwd = VERSIONS["max_pool_bwd"][DEFAULTS["max_pool_bwd"]]
+ave_pool_fwd = VERSIONS["ave_pool_fwd"][DEFAULTS["ave_pool_fwd"]]
+ave_pool_bwd = VERSIONS["ave_pool_bwd"][DEFAULTS["ave_pool_bwd"]]
+
+
+def use(version):
+    """Bind the four pooling kernels to ``version`` where they have it (v3_k2s2 exists for the
+    forward passes only: the backward passes keep what they had), or "default"."""
+    _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
+
+
+from . import _apply_env  # noqa: E402
+
+_apply_env("pooling")
