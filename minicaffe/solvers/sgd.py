@@ -1,0 +1,36 @@
+"""SGD with momentum and Nesterov's accelerated gradient (Caffe's sgd_solver.cpp, nesterov_solver.cpp).
+
+With g = the regularized gradient (``param.diff``), lr_i = rate * lr_mult_i, m = momentum:
+
+    SGD:       v <- m v + lr_i g ;            w <- w - v
+    Nesterov:  v' <- m v + lr_i g ;           w <- w - ((1 + m) v' - m v)
+"""
+from .solver import Solver
+
+
+class SGDSolver(Solver):
+    type = "SGD"
+
+    def compute_update_value(self, i, rate):
+        p = self.net.learnable_params[i]
+        local_rate = rate * self.net.params_lr[i]
+        h = self.history[0][i].reshape(-1)
+        g = p.flat_diff
+        h *= self.param.momentum
+        h += local_rate * g
+        g[...] = h
+
+
+class NesterovSolver(Solver):
+    type = "Nesterov"
+
+    def compute_update_value(self, i, rate):
+        p = self.net.learnable_params[i]
+        local_rate = rate * self.net.params_lr[i]
+        m = self.param.momentum
+        h = self.history[0][i].reshape(-1)
+        g = p.flat_diff
+        previous = h.copy()
+        h *= m
+        h += local_rate * g
+        g[...] = (1.0 + m) * h - m * previous

@@ -1,0 +1,392 @@
+"""Solver: Caffe's training loop (solver.cpp), shared by every update rule.
+
+A solver owns a training net and its test nets (built from the solver prototxt), and runs::
+
+    step(n):  for each iteration
+                  test all test nets      (every test_interval, and at 0 if test_initialization)
+                  clear parameter diffs
+                  loss = mean over iter_size of net.forward_backward()   (gradient accumulation)
+                  display (every `display` iterations: smoothed loss, outputs, lr)
+                  apply_update():  lr = policy(iter); clip gradients; per parameter:
+                                   normalize (1/iter_size) -> regularize (L2/L1 decay) ->
+                                   compute_update_value (the rule: SGD, Adam, ...) ; data -= diff
+                  iter += 1; snapshot every `snapshot` iterations
+
+Subclasses implement ``compute_update_value(i, rate)`` (turn ``param.diff`` into the step) and
+name their history buffers.  Snapshots: weights as ``<prefix>_iter_<N>.caffemodel`` (Caffe's
+binary format) and the solver state as ``<prefix>_iter_<N>.solverstate``.  The state is NOT Caffe's
+SolverState protobuf: it is an .npz (history arrays + a JSON record of the iteration, the RNG and
+the data readers' positions; no pickle), because an exact resume needs the RNG and reader
+positions that Caffe's format has no field for.
+"""
+import json
+import math
+import os
+import time
+
+import numpy as np
+
+from .. import rng as _rng
+from ..errors import MinicaffeError, SolverError, did_you_mean
+from ..io import atomic_write, save_weights
+from ..net import Net, TEST, TRAIN, load_net_param
+from . import lr_policy
+
+STATE_FORMAT = "minicaffe-solverstate-1"
+
+
+def load_solver_param(source):
+    """A SolverParameter from a path or a Message, upgraded; remembers the file's directory."""
+    from .. import proto
+    if isinstance(source, proto.Message):
+        return proto.upgrade_solver(source.copy()), os.getcwd()
+    path = os.fspath(source)
+    if not os.path.exists(path):
+        raise SolverError(f"solver file not found: {path}")
+    param = proto.upgrade_solver(proto.parse_file(path, "SolverParameter"))
+    return param, os.path.dirname(os.path.abspath(path))
+
+
+def resolve_path(path, base_dir, what):
+    """Caffe resolves paths from the working directory; minicaffe then tries beside the solver."""
+    if os.path.exists(path):
+        return path
+    candidate = os.path.join(base_dir, path)
+    if os.path.exists(candidate):
+        return candidate
+    raise SolverError(f"{what} '{path}' not found (looked in the working directory and in {base_dir})")
+
+
+class Solver:
+    """Base of every solver.  ``Solver(path_or_param)``; ``step(n)``, ``solve()``, ``restore(state)``."""
+
+    type = None
+    #: names of the per-parameter history buffers this rule keeps (SGD: one, AdaDelta/Adam: two)
+    history_names = ("history",)
+
+    def __init__(self, solver, log=None, backend=None, train_net=None, base_dir=None):
+        self.param, self.base_dir = load_solver_param(solver)
+        if base_dir is not None:
+            self.base_dir = base_dir      # where relative net paths of a Message are looked up
+        self.log = log if log is not None else _default_log
+        self.backend = backend
+        self.iter = 0
+        self.current_step = 0
+        self.losses, self.smoothed_loss = [], 0.0
+        self.on_iteration, self.on_test, self.on_snapshot = [], [], []
+        self.requested_stop = False
+        p = self.param
+        lr_policy.check(p, "solver")
+        if p.regularization_type not in ("L1", "L2"):
+            raise SolverError(f"solver: unknown regularization_type '{p.regularization_type}'; use L2 or L1")
+        if p.iter_size < 1:
+            raise SolverError(f"solver: iter_size must be >= 1, got {p.iter_size}")
+        if p.random_seed >= 0:
+            _rng.set_random_seed(p.random_seed)
+        self.check_hyperparameters()
+        self.net = train_net if train_net is not None else self._build_train_net()
+        self.test_nets = self._build_test_nets()
+        self.history = [[self.net.xp.zeros_like(b.data) for b in self.net.learnable_params]
+                        for _ in self.history_names]
+        self.log(f"Solver {self.type}: net '{self.net.name}', {len(self.net.learnable_params)} learnable "
+                 f"blobs, {sum(b.count for b in self.net.learnable_params)} parameters, "
+                 f"{len(self.test_nets)} test net(s)")
+
+    def check_hyperparameters(self):
+        """Rules may refuse settings that make no sense for them (AdaGrad with momentum, ...)."""
+
+    # -- nets ------------------------------------------------------------------------------------
+    def _make_net(self, source, phase, state):
+        stages = tuple(state.stage) if state is not None else ()
+        level = state.level if state is not None else 0
+        kwargs = {} if self.backend is None else {"backend": self.backend}
+        return Net(source, phase=phase, level=level, stages=stages, **kwargs)
+
+    def _build_train_net(self):
+        p = self.param
+        given = [f for f in ("net", "net_param", "train_net", "train_net_param") if p.has(f)]
+        if len(given) != 1:
+            raise SolverError("solver must name exactly one training net (net, net_param, train_net or "
+                              f"train_net_param); it names {given or 'none'}")
+        field = given[0]
+        value = getattr(p, field)
+        if field in ("net", "train_net"):
+            value = resolve_path(value, self.base_dir, f"solver: {field}")
+            self.net_path = value
+        state = p.train_state if p.has("train_state") else None
+        return self._make_net(load_net_param(value), TRAIN, state)
+
+    def _build_test_nets(self):
+        p = self.param
+        sources = [resolve_path(t, self.base_dir, "solver: test_net") for t in p.test_net]
+        sources += [t for t in p.test_net_param]
+        n_generic = 0
+        if p.has("net") or p.has("net_param"):
+            n_generic = max(len(p.test_iter) - len(sources), 0)
+            generic = getattr(self, "net_path", None) or p.net_param
+            sources += [generic] * n_generic
+        if len(p.test_iter) != len(sources):
+            raise SolverError(f"solver: {len(p.test_iter)} test_iter value(s) for {len(sources)} test net(s); "
+                              f"give one test_iter per test net")
+        if sources and p.test_interval <= 0 and p.has("test_interval"):
+            raise SolverError("solver: test_interval must be > 0 when test nets are defined")
+        states = list(p.test_state)
+        if states and len(states) != len(sources):
+            raise SolverError(f"solver: {len(states)} test_state(s) for {len(sources)} test net(s)")
+        nets = []
+        for i, src in enumerate(sources):
+            net = self._make_net(load_net_param(src), TEST, states[i] if states else None)
+            net.share_with(self.net)
+            nets.append(net)
+        return nets
+
+    # -- the loop --------------------------------------------------------------------------------
+    def learning_rate(self):
+        if self.param.lr_policy == "multistep":
+            new = lr_policy.advance_multistep(self.param, self.iter, self.current_step)
+            if new != self.current_step:
+                self.current_step = new
+                self.log(f"MultiStep Status: Iteration {self.iter}, step = {self.current_step}")
+        return lr_policy.learning_rate(self.param, self.iter, self.current_step)
+
+    def step(self, iters):
+        p = self.param
+        start_iter, stop_iter = self.iter, self.iter + int(iters)
+        average = max(p.average_loss, 1)
+        self.losses, self.smoothed_loss = [], 0.0
+        tick, last_iter = time.perf_counter(), self.iter
+        while self.iter < stop_iter and not self.requested_stop:
+            if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
+                self.test_all()
+            self.net.clear_param_diffs()
+            loss = 0.0
+            for _ in range(p.iter_size):
+                loss += self.net.forward_backward()
+            loss /= p.iter_size
+            if not math.isfinite(loss):
+                raise SolverError(f"loss is {loss} at iteration {self.iter}: training diverged "
+                                  f"(try a smaller base_lr, or clip_gradients)")
+            self._update_smoothed_loss(loss, start_iter, average)
+            display = p.display and self.iter % p.display == 0
+            if display:
+                now = time.perf_counter()
+                lapse = now - tick
+                rate = (self.iter - last_iter) / lapse if lapse > 0 else 0.0
+                self.log(f"Iteration {self.iter} ({rate:.4g} iter/s, {lapse:.4g}s/{p.display} iters), "
+                         f"loss = {self.smoothed_loss:.6g}")
+                tick, last_iter = now, self.iter
+                for line in self._output_lines(self.net, "Train"):
+                    self.log(line)
+            lr = self.apply_update(display)
+            self.iter += 1
+            for cb in self.on_iteration:
+                cb(self, loss, lr)
+            if p.snapshot and self.iter % p.snapshot == 0:
+                self.snapshot()
+
+    def solve(self, resume_file=None):
+        p = self.param
+        self.log(f"Solving {self.net.name}")
+        self.log(f"Learning Rate Policy: {p.lr_policy}")
+        if resume_file:
+            self.restore(resume_file)
+        start_iter = self.iter
+        self.step(p.max_iter - self.iter)
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if self.requested_stop:
+            self.log("Optimization stopped early.")
+            return
+        if p.display and self.iter % p.display == 0:
+            loss = self.net.forward_from_to()
+            self._update_smoothed_loss(loss, start_iter, max(p.average_loss, 1))
+            self.log(f"Iteration {self.iter}, loss = {self.smoothed_loss:.6g}")
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        self.log("Optimization Done.")
+
+    def _update_smoothed_loss(self, loss, start_iter, average):
+        if len(self.losses) < average:
+            self.losses.append(loss)
+            n = len(self.losses)
+            self.smoothed_loss = (self.smoothed_loss * (n - 1) + loss) / n
+        else:
+            idx = (self.iter - start_iter) % average
+            self.smoothed_loss += (loss - self.losses[idx]) / average
+            self.losses[idx] = loss
+
+    def _output_lines(self, net, kind, scores=None):
+        lines, k = [], 0
+        for name in net.outputs:
+            values = scores[name] if scores is not None else np.asarray(net.backend.to_host(net.blobs[name].data)).ravel()
+            weight = net.blob_loss_weights.get(name, 0.0)
+            for v in np.ravel(values):
+                msg = f" (* {weight:g} = {weight * v:.6g} loss)" if weight else ""
+                lines.append(f"    {kind} net output #{k}: {name} = {v:.6g}{msg}")
+                k += 1
+        return lines
+
+    def test_all(self):
+        results = []
+        for i in range(len(self.test_nets)):
+            results.append(self.test(i))
+        return results
+
+    def test(self, index=0):
+        """Run test net ``index`` for test_iter[index] batches; log and return {output: mean}."""
+        net, n = self.test_nets[index], self.param.test_iter[index]
+        self.log(f"Iteration {self.iter}, Testing net (#{index})")
+        net.share_with(self.net)
+        sums = {}
+        loss = 0.0
+        for _ in range(n):
+            loss += net.forward_from_to()
+            for name in net.outputs:
+                v = np.asarray(net.backend.to_host(net.blobs[name].data), dtype=np.float64).ravel()
+                sums[name] = sums[name] + v if name in sums else v.copy()
+        scores = {name: s / n for name, s in sums.items()}
+        if self.param.test_compute_loss:
+            self.log(f"Test loss: {loss / n:.6g}")
+        for line in self._output_lines(net, "Test", scores):
+            self.log(line)
+        result = {name: (float(v[0]) if v.size == 1 else v.tolist()) for name, v in scores.items()}
+        for cb in self.on_test:
+            cb(self, index, result)
+        return result
+
+    # -- the update ------------------------------------------------------------------------------
+    def apply_update(self, display=False):
+        rate = self.learning_rate()
+        if display:
+            self.log(f"Iteration {self.iter}, lr = {rate:.6g}")
+        self.clip_gradients()
+        params = self.net.learnable_params
+        for i, p in enumerate(params):
+            self.normalize(i)
+            self.regularize(i)
+            self.compute_update_value(i, rate)
+        for p in params:
+            p.flat_data[...] -= p.flat_diff
+        return rate
+
+    def clip_gradients(self):
+        clip = self.param.clip_gradients
+        if clip < 0:
+            return
+        xp = self.net.xp
+        sumsq = sum(float(xp.dot(p.flat_diff, p.flat_diff)) for p in self.net.learnable_params)
+        norm = math.sqrt(sumsq)
+        if norm > clip:
+            scale = clip / norm
+            self.log(f"Gradient clipping: scaling down gradients (L2 norm {norm:.6g} > {clip:g}) "
+                     f"by scale factor {scale:.6g}")
+            for p in self.net.learnable_params:
+                p.flat_diff[...] *= scale
+
+    def normalize(self, i):
+        if self.param.iter_size > 1:
+            self.net.learnable_params[i].flat_diff[...] *= 1.0 / self.param.iter_size
+
+    def regularize(self, i):
+        decay = self.param.weight_decay * self.net.params_weight_decay[i]
+        if not decay:
+            return
+        p = self.net.learnable_params[i]
+        if self.param.regularization_type == "L2":
+            p.flat_diff[...] += decay * p.flat_data
+        else:
+            p.flat_diff[...] += decay * self.net.xp.sign(p.flat_data)
+
+    def compute_update_value(self, i, rate):
+        raise NotImplementedError
+
+    # -- snapshots -------------------------------------------------------------------------------
+    def snapshot_prefix(self):
+        prefix = self.param.snapshot_prefix
+        if not prefix:
+            base = getattr(self, "net_path", None)
+            prefix = os.path.splitext(base)[0] if base else "snapshot"
+        return prefix
+
+    def snapshot(self, prefix=None):
+        """Write <prefix>_iter_<N>.caffemodel and .solverstate atomically; return both paths."""
+        prefix = prefix or self.snapshot_prefix()
+        weights = f"{prefix}_iter_{self.iter}.caffemodel"
+        state = f"{prefix}_iter_{self.iter}.solverstate"
+        self.log(f"Snapshotting to binary proto file {weights}")
+        save_weights(self.net, weights)
+        self.log(f"Snapshotting solver state to {state}")
+        self.save_state(state, weights)
+        for cb in self.on_snapshot:
+            cb(self, weights, state)
+        return weights, state
+
+    def state_record(self, weights_path):
+        data_states = {}
+        for kind, nets in (("train", [self.net]), ("test", self.test_nets)):
+            for ni, net in enumerate(nets):
+                for layer in net.layers:
+                    if hasattr(layer, "state_dict"):
+                        data_states[f"{kind}/{ni}/{layer.name}"] = layer.state_dict()
+        gen = _rng.get_rng().bit_generator
+        return {
+            "format": STATE_FORMAT, "type": self.type, "net": self.net.name, "iter": self.iter,
+            "current_step": self.current_step, "learned_net": os.path.basename(weights_path),
+            "losses": self.losses, "smoothed_loss": self.smoothed_loss,
+            "param_shapes": [list(p.shape) for p in self.net.learnable_params],
+            "rng": {"bit_generator": type(gen).__name__, "state": gen.state, "seed": _rng.get_seed()},
+            "data": data_states,
+        }
+
+    def save_state(self, path, weights_path):
+        record = self.state_record(weights_path)
+        arrays = {"record": np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)}
+        for name, hist in zip(self.history_names, self.history):
+            for i, h in enumerate(hist):
+                arrays[f"{name}/{i}"] = np.asarray(self.net.backend.to_host(h))
+        atomic_write(path, lambda f: np.savez(f, **arrays))
+
+    def restore(self, state_path):
+        """Continue from a .solverstate: weights, history, iteration, RNG and data positions."""
+        state_path = os.fspath(state_path)
+        if not os.path.exists(state_path):
+            raise SolverError(f"solver state not found: {state_path}")
+        try:
+            z = np.load(state_path, allow_pickle=False)
+            record = json.loads(bytes(z["record"]).decode())
+        except Exception as exc:
+            raise SolverError(f"{state_path}: not a minicaffe solver state ({type(exc).__name__}: {exc})") from None
+        if record.get("format") != STATE_FORMAT:
+            raise SolverError(f"{state_path}: unknown solver state format {record.get('format')!r}")
+        shapes = [list(p.shape) for p in self.net.learnable_params]
+        if record["param_shapes"] != shapes or record["net"] != self.net.name:
+            raise SolverError(f"{state_path}: the state is of net '{record['net']}' with parameter shapes "
+                              f"{record['param_shapes']}, but this solver trains net '{self.net.name}' with "
+                              f"{shapes}: a snapshot from another net")
+        if record["type"] != self.type:
+            raise SolverError(f"{state_path}: the state was written by a {record['type']} solver, this is {self.type}")
+        weights = os.path.join(os.path.dirname(os.path.abspath(state_path)), record["learned_net"])
+        self.net.copy_from(weights)
+        for name, hist in zip(self.history_names, self.history):
+            for i, h in enumerate(hist):
+                h[...] = self.net.backend.from_host(z[f"{name}/{i}"], h.dtype)
+        self.iter = int(record["iter"])
+        self.current_step = int(record["current_step"])
+        self.losses = list(record["losses"])
+        self.smoothed_loss = float(record["smoothed_loss"])
+        gen = _rng.get_rng().bit_generator
+        if record["rng"]["bit_generator"] == type(gen).__name__:
+            gen.state = record["rng"]["state"]
+        for kind, nets in (("train", [self.net]), ("test", self.test_nets)):
+            for ni, net in enumerate(nets):
+                for layer in net.layers:
+                    key = f"{kind}/{ni}/{layer.name}"
+                    if key in record["data"] and hasattr(layer, "load_state_dict"):
+                        layer.load_state_dict(record["data"][key])
+        for net in self.test_nets:
+            net.share_with(self.net)
+        self.log(f"Restored solver state from {state_path} at iteration {self.iter}")
+
+
+def _default_log(message):
+    print(message, flush=True)
