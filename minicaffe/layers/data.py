@@ -1,0 +1,121 @@
+"""Data: batches of a named dataset, transformed, made ahead by a prefetch thread (Caffe's
+DataLayer, with a dataset registry where Caffe has an LMDB).
+
+    layer { name: "mnist" type: "Data" top: "data" top: "label"
+            include { phase: TRAIN }
+            transform_param { scale: 0.00390625 }
+            data_param { source: "examples/mnist/mnist_train_lmdb" batch_size: 64 } }
+
+tops:  data (batch_size, C, h, w) in the net's float type (h, w = crop_size when cropping);
+       label (batch_size,) float, optional.
+
+``source`` is looked up in :mod:`minicaffe.data.registry` (``mnist_train``, ``cifar10_test``,
+``synthetic:3x32x32:10``, Caffe's ``examples/mnist/mnist_train_lmdb``..., or a name given to
+``minicaffe.data.register_dataset``).  ``transform_param`` is Caffe's (scale, mean_value,
+mean_file, mirror, crop_size; see :mod:`minicaffe.data.transform`).
+
+Order: at TRAIN the images are shuffled afresh every epoch; at TEST they are read in order, as
+Caffe reads its LMDB.  A source may override this with a suffix: ``"mnist_train?shuffle=false"``
+or ``"mnist_test?shuffle=true"`` (Caffe's DataParameter has no shuffle field).  The shuffles and
+random crops/flips are seeded from ``minicaffe.set_random_seed`` (the solver's ``random_seed``),
+the layer's name and phase; with no seed set they differ from run to run.
+
+``data_param.prefetch`` sets the depth of the queue of ready batches (3 when unset; Caffe's
+default is 4).  ``rand_skip`` skips a random number (< rand_skip) of images at the start, as
+Caffe.  ``state_dict()`` / ``load_state_dict()`` save and restore the reader's position, so a
+resumed run reads the same batches it would have read.
+"""
+import zlib
+
+import numpy as np
+
+from ..data import BatchReader, DatasetError, Prefetcher, Transformer, get_dataset
+from ..layer import Layer, register
+from ..rng import get_seed
+
+DEFAULT_PREFETCH = 3
+
+
+def split_source(source):
+    """``"name?shuffle=false"`` -> ("name", {"shuffle": False})."""
+    name, _, query = str(source).partition("?")
+    options = {}
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        if key != "shuffle":
+            raise DatasetError(f"data source '{source}': unknown option '{key}' (the only one is shuffle=true|false)")
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise DatasetError(f"data source '{source}': shuffle must be true or false, got '{value}'")
+        options["shuffle"] = value.lower() in ("true", "1")
+    return name, options
+
+
+def layer_seed(name, phase):
+    """The seed of a data layer's reader: from the global seed, the layer's name and phase."""
+    seed = get_seed()
+    if seed is None:
+        return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
+    words = [seed & 0xFFFFFFFFFFFFFFFF, zlib.crc32(name.encode()), 1 if phase == "TRAIN" else 0]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
+
+
+@register
+class Data(Layer):
+    type = "Data"
+    min_top, max_top = 1, 2
+
+    def layer_setup(self, bottom, top):
+        dp = self.param.data_param
+        if not dp.source:
+            raise self.error("data_param { source: ... } is required (a dataset name such as \"mnist_train\")")
+        if not dp.batch_size:
+            raise self.error("data_param { batch_size: ... } is required and must be positive")
+        try:
+            name, options = split_source(dp.source)
+            dataset = get_dataset(name)
+            transformer = Transformer.from_param(self.param.transform_param, self.phase, self.dtype)
+            self.image_shape = transformer.output_shape(dataset.shape)
+        except DatasetError as e:
+            raise self.error(str(e)) from None
+        if len(top) > 1 and dataset.labels is None:
+            raise self.error(f"has a label top but the dataset '{name}' has no labels")
+        self.dataset = dataset
+        self.batch_size = int(dp.batch_size)
+        shuffle = options.get("shuffle", self.phase == "TRAIN")
+        reader = BatchReader(dataset, self.batch_size, transformer, shuffle=shuffle,
+                             seed=layer_seed(self.name, self.phase), dtype=self.dtype)
+        start = 0
+        if dp.rand_skip:
+            start = int(np.random.default_rng([reader.seed, 2]).integers(dp.rand_skip)) % len(dataset)
+        depth = int(dp.prefetch) if dp.has("prefetch") else DEFAULT_PREFETCH
+        self.prefetcher = Prefetcher(reader, depth=depth, index=start)
+        self.prefetcher.start()
+
+    def reshape(self, bottom, top):
+        top[0].reshape((self.batch_size,) + tuple(self.image_shape))
+        if len(top) > 1:
+            top[1].reshape((self.batch_size,))
+
+    def forward(self, bottom, top):
+        try:
+            data, labels = self.prefetcher.next()
+        except DatasetError as e:
+            raise self.error(str(e)) from None
+        top[0].data = data
+        if len(top) > 1:
+            top[1].data = labels
+
+    def state_dict(self):
+        """The reader's position as plain JSON (see minicaffe.data.reader)."""
+        return self.prefetcher.state_dict()
+
+    def load_state_dict(self, state):
+        try:
+            self.prefetcher.load_state_dict(state)
+        except DatasetError as e:
+            raise self.error(str(e)) from None
+        self.prefetcher.start()
+
+    def stop(self):
+        """End the prefetch thread now (it also ends when the layer is collected or at exit)."""
+        self.prefetcher.stop()
