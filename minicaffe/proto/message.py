@@ -138,7 +138,7 @@ class Message:
 
     __slots__ = ("_desc", "_values", "_defaults", "_parent", "_locs")
 
-    def __init__(self, type_name, **fields):
+    def __init__(self, type_name, /, **fields):
         object.__setattr__(self, "_desc", descriptor(type_name))
         object.__setattr__(self, "_values", {})     # set fields: name -> value
         object.__setattr__(self, "_defaults", {})   # detached default sub-messages handed out
@@ -231,8 +231,9 @@ class Message:
             return False
         return len(self._values[name]) > 0 if field.repeated else True
 
-    def add(self, name, **fields):
-        """Append a new sub-message to repeated message field ``name`` and return it."""
+    def add(self, name, /, **fields):
+        """Append a new sub-message to repeated message field ``name`` and return it.
+        (``name`` is positional-only, so ``add("layer", name="conv1")`` sets the layer's name.)"""
         field = self._field(name)
         if not (field.repeated and field.kind == "message"):
             raise TypeError(f"{self.type_name}.{name} is not a repeated message field; "
