@@ -1,0 +1,133 @@
+"""Small helpers shared by the layer files (not a layer; the leading underscore keeps the
+registry from importing it as one).
+
+- ``has(msg, field)``: was an optional field set in the prototxt (protobuf's ``HasField``)?
+- ``shape_str(shape)``: ``(2,3,4,5)``, the form every shape error prints.
+- ``axis_index(layer, blob, axis, what, i)``: Caffe's CanonicalAxisIndex with a layer error.
+- ``in_place(bottom, top)``: does ``top`` write into ``bottom``'s memory?
+- ``fill_blob(blob, filler_param)``: run a FillerParameter on a parameter blob.
+- ``loss_normalization`` / ``loss_normalizer``: Caffe's LossParameter normalization rules.
+- ``spatial_geometry``: kernel / pad / stride / dilation of Convolution-like layers, every form.
+"""
+from .. import filler as _filler
+
+
+def has(msg, field):
+    """True when ``field`` was set explicitly (proto2 presence), False when it reads a default."""
+    return msg.has(field)
+
+
+def shape_str(shape):
+    return "(" + ",".join(str(int(d)) for d in shape) + ")"
+
+
+def axis_index(layer, blob, axis, what="axis", index=0):
+    """Canonical (non-negative) index of ``axis`` in ``bottom[index]``; -1 is the last axis."""
+    n = blob.num_axes
+    if not -n <= axis < n:
+        raise layer.error(f"{what} {axis} is out of range for bottom[{index}] of shape "
+                          f"{shape_str(blob.shape)} ({n} axes)")
+    return axis + n if axis < 0 else axis
+
+
+def in_place(bottom, top):
+    """True when ``top`` is ``bottom`` (the Net's in-place form: the same blob name)."""
+    return top is bottom or top.shares_data_with(bottom)
+
+
+def fill_blob(blob, filler_param):
+    _filler.fill(blob, filler_param)
+
+
+def count(shape, start=0, end=None):
+    c = 1
+    for d in tuple(shape)[start:end]:
+        c *= int(d)
+    return c
+
+
+# -- losses -------------------------------------------------------------------------------------
+def loss_normalization(layer, default):
+    """The normalization mode of a loss layer, with Caffe's legacy ``normalize: bool``.
+
+    ``normalization`` wins when set; else ``normalize: true`` -> VALID, ``normalize: false`` ->
+    BATCH_SIZE; else ``default`` (VALID for SoftmaxWithLoss, BATCH_SIZE for
+    SigmoidCrossEntropyLoss, as in Caffe).
+    """
+    lp = layer.param.loss_param
+    if has(lp, "normalization"):
+        return lp.normalization
+    if has(lp, "normalize"):
+        return "VALID" if lp.normalize else "BATCH_SIZE"
+    return default
+
+
+def loss_normalizer(mode, outer, inner, valid_count):
+    """Caffe's get_normalizer: the number the summed loss is divided by (never below 1)."""
+    if mode == "FULL":
+        n = outer * inner
+    elif mode == "VALID":
+        n = outer * inner if valid_count < 0 else valid_count
+    elif mode == "BATCH_SIZE":
+        n = outer
+    elif mode == "NONE":
+        n = 1
+    else:
+        raise ValueError(f"unknown normalization mode {mode!r}")
+    return float(max(1, n))
+
+
+# -- convolution geometry -------------------------------------------------------------------------
+def _pair(layer, p, name, values, default):
+    """``values`` (a repeated field: 1 value for both axes, or h then w) or the ``name_h`` /
+    ``name_w`` form, never both; ``default`` when neither is given (None = required)."""
+    has_h, has_w = has(p, name + "_h"), has(p, name + "_w")
+    values = [int(v) for v in values]
+    if has_h or has_w:
+        if not (has_h and has_w):
+            raise layer.error(f"{name}_h and {name}_w must be given together")
+        if values:
+            raise layer.error(f"give {name} or {name}_h/{name}_w, not both")
+        return int(getattr(p, name + "_h")), int(getattr(p, name + "_w"))
+    if not values:
+        if default is None:
+            raise layer.error(f"{name} size is required ({name}_size: k, or {name}_h and {name}_w)")
+        return default, default
+    if len(values) == 1:
+        return values[0], values[0]
+    if len(values) == 2:
+        return values[0], values[1]
+    raise layer.error(f"{name} given {len(values)} times; 2-d layers take 1 value or 2 (h, w)")
+
+
+def spatial_geometry(layer, p):
+    """(kh, kw), (ph, pw), (sh, sw), (dh, dw) of a ConvolutionParameter, validated.
+
+    Each of kernel_size / pad / stride / dilation is a repeated field (one value for both
+    spatial axes, or h then w); kernel, pad and stride also have the ``_h``/``_w`` form.
+    """
+    kh, kw = _pair(layer, p, "kernel", p.kernel_size, None)
+    ph, pw = _pair(layer, p, "pad", p.pad, 0)
+    sh, sw = _pair(layer, p, "stride", p.stride, 1)
+    dil = [int(v) for v in p.dilation]
+    if len(dil) > 2:
+        raise layer.error(f"dilation given {len(dil)} times; 2-d layers take 1 value or 2 (h, w)")
+    dh, dw = (1, 1) if not dil else ((dil[0], dil[0]) if len(dil) == 1 else (dil[0], dil[1]))
+    for what, a, b in (("kernel size", kh, kw), ("stride", sh, sw), ("dilation", dh, dw)):
+        if a <= 0 or b <= 0:
+            raise layer.error(f"{what} must be positive, got ({a}, {b})")
+    return (kh, kw), (ph, pw), (sh, sw), (dh, dw)
+
+
+# -- neuron layers ----------------------------------------------------------------------------------
+from ..layer import Layer  # noqa: E402
+
+
+class Neuron(Layer):
+    """Caffe's NeuronLayer: one bottom, one top of the same shape (in place allowed)."""
+    min_bottom, max_bottom = 1, 1
+    min_top, max_top = 1, 1
+
+    def reshape(self, bottom, top):
+        if top[0] is not bottom[0]:
+            top[0].reshape(bottom[0].shape)

@@ -1,0 +1,218 @@
+"""Convolution: im2col + one GEMM per group over the whole batch (Caffe's ConvolutionLayer).
+
+Shapes (2 spatial axes; N images, C input channels, M = num_output, G = group)::
+
+    bottom  x  (N, C, H, W)
+    weight  w  (M, C/G, kh, kw)            bias b (M,)      (bias_term, default true)
+    top     y  (N, M, OH, OW)     OH = (H + 2 ph - (dh (kh-1) + 1)) // sh + 1   (same for OW)
+
+Forward, with K = C/G * kh * kw and P = N * OH * OW::
+
+    col = im2col(x)                        (G*K, P)     column n*OH*OW + oh*OW + ow
+    out[g] = w[g] (M/G, K) @ col[g] (K, P)              one GEMM per group, whole batch
+    y = out (M, N, OH*OW) transposed to (N, M, OH*OW) + b
+
+Backward (``dout`` = top diff laid out as (M, P))::
+
+    dw[g] += dout[g] @ col[g]^T            accumulates: the solver clears parameter diffs
+    db    += dout summed over P
+    dx     = col2im(w[g]^T @ dout[g])
+
+The column buffer is kept between calls (capacity-based, like a Blob) and, when the batch fits
+one chunk, reused by backward instead of running im2col again.  A batch whose column buffer would
+exceed ``COL_LIMIT`` elements is processed in chunks of images (AlexNet's conv1 at batch 256
+would otherwise need a 1 GB buffer).
+"""
+import numpy as np
+
+from ..layer import Layer, register
+from ._common import fill_blob, has, shape_str, spatial_geometry
+
+#: most elements a column buffer may hold before the batch is split into chunks of images
+COL_LIMIT = 1 << 25
+
+
+class _Scratch:
+    """A flat array kept across calls; ``get(shape)`` returns a view, growing only when needed."""
+
+    def __init__(self, xp, dtype):
+        self.xp, self.dtype, self.buf = xp, dtype, None
+
+    def get(self, *shape):
+        n = 1
+        for d in shape:
+            n *= d
+        if self.buf is None or self.buf.size < n:
+            self.buf = self.xp.empty(n, dtype=self.dtype)
+        return self.buf[:n].reshape(shape)
+
+
+class _ConvBase(Layer):
+    """What Convolution and Deconvolution share: parameters, geometry, shape checks."""
+    min_bottom, max_bottom = 1, None
+    min_top, max_top = 1, None
+
+    def check_arity(self, bottom, top):
+        super().check_arity(bottom, top)
+        if len(bottom) != len(top):
+            raise self.error(f"takes as many tops as bottoms (one output per input), got "
+                             f"{len(bottom)} bottom(s) and {len(top)} top(s)")
+
+    def layer_setup(self, bottom, top):
+        p = self.param.convolution_param
+        if p.axis not in (1, -3):
+            raise self.error(f"axis {p.axis} is not supported: only axis 1 (N, C, H, W) is")
+        x = bottom[0]
+        if x.num_axes != 4:
+            raise self.error(f"bottom[0] has shape {shape_str(x.shape)}; only 2-d convolution "
+                             f"of 4-d blobs (N, C, H, W) is supported")
+        (self.kh, self.kw), (self.ph, self.pw), (self.sh, self.sw), (self.dh, self.dw) = \
+            spatial_geometry(self, p)
+        if not has(p, "num_output") or p.num_output <= 0:
+            raise self.error("num_output must be given and positive")
+        self.num_output = int(p.num_output)
+        self.group = int(p.group)
+        self.channels = x.shape[1]
+        if self.group <= 0:
+            raise self.error(f"group must be positive, got {self.group}")
+        if self.channels % self.group:
+            raise self.error(f"bottom[0] has {self.channels} channels but group {self.group} "
+                             f"does not divide it")
+        if self.num_output % self.group:
+            raise self.error(f"num_output {self.num_output} is not divisible by group {self.group}")
+        self.bias_term = bool(p.bias_term)
+        self.blobs = [self.new_blob(self.weight_shape(), self.name + "/weight")]
+        fill_blob(self.blobs[0], p.weight_filler)
+        if self.bias_term:
+            self.blobs.append(self.new_blob((self.num_output,), self.name + "/bias"))
+            fill_blob(self.blobs[1], p.bias_filler)
+        self.param_propagate_down = [True] * len(self.blobs)
+        self._col = _Scratch(self.xp, self.dtype)
+        self._out = _Scratch(self.xp, self.dtype)
+        self._col_key = None
+
+    def check_bottoms(self, bottom):
+        first = bottom[0]
+        for i, b in enumerate(bottom):
+            if b.num_axes != 4:
+                raise self.error(f"bottom[{i}] has shape {shape_str(b.shape)}; expected 4 axes (N, C, H, W)")
+            if b.shape != first.shape:
+                raise self.error(f"all bottoms must have the same shape: bottom[0] {shape_str(first.shape)} "
+                                 f"vs bottom[{i}] {shape_str(b.shape)}")
+        if first.shape[1] != self.channels:
+            raise self.error(f"bottom[0] has {first.shape[1]} channels but the layer was set up "
+                             f"for {self.channels} (weights {shape_str(self.blobs[0].shape)})")
+
+    def chunk(self, n, per_image):
+        """Images per chunk so that a column buffer stays under COL_LIMIT elements."""
+        return max(1, min(n, COL_LIMIT // max(1, per_image)))
+
+
+@register
+class Convolution(_ConvBase):
+    type = "Convolution"
+
+    def weight_shape(self):
+        return (self.num_output, self.channels // self.group, self.kh, self.kw)
+
+    def reshape(self, bottom, top):
+        self.check_bottoms(bottom)
+        n, c, h, w = bottom[0].shape
+        oh = (h + 2 * self.ph - (self.dh * (self.kh - 1) + 1)) // self.sh + 1
+        ow = (w + 2 * self.pw - (self.dw * (self.kw - 1) + 1)) // self.sw + 1
+        if oh <= 0 or ow <= 0:
+            raise self.error(
+                f"bottom[0] of shape {shape_str(bottom[0].shape)} is smaller than the dilated kernel "
+                f"({self.dh * (self.kh - 1) + 1}x{self.dw * (self.kw - 1) + 1}) with pad "
+                f"({self.ph},{self.pw}): output would be {oh}x{ow}")
+        self.out_h, self.out_w = oh, ow
+        for t in top:
+            t.reshape(n, self.num_output, oh, ow)
+        self._col_key = None
+
+    # -- the GEMMs, on one chunk of images ------------------------------------------------------
+    def _forward_chunk(self, x, y):
+        """x (n, C, H, W) -> y (n, M, OH, OW); leaves im2col(x) in the column buffer."""
+        be, G = self.backend, self.group
+        n = x.shape[0]
+        M, Mg = self.num_output, self.num_output // G
+        K = self.channels // G * self.kh * self.kw
+        P = n * self.out_h * self.out_w
+        col = self._col.get(G * K, P)
+        be.im2col(x, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, col)
+        w = self.blobs[0].data.reshape(M, K)
+        # With one image, (M, OH*OW) is already the top's layout: GEMM straight into it.
+        out = y.reshape(M, P) if n == 1 else self._out.get(M, P)
+        for g in range(G):
+            be.gemm(False, False, 1.0, w[g * Mg:(g + 1) * Mg], col[g * K:(g + 1) * K], 0.0,
+                    out[g * Mg:(g + 1) * Mg])
+        y3 = y.reshape(n, M, -1)
+        if n == 1:
+            if self.bias_term:
+                y3 += self.blobs[1].data.reshape(1, M, 1)
+        elif self.bias_term:
+            self.xp.add(out.reshape(M, n, -1).transpose(1, 0, 2), self.blobs[1].data.reshape(1, M, 1), out=y3)
+        else:
+            y3[...] = out.reshape(M, n, -1).transpose(1, 0, 2)
+
+    def _backward_chunk(self, key, x, dy, dx):
+        be, G = self.backend, self.group
+        n = x.shape[0]
+        M, Mg = self.num_output, self.num_output // G
+        K = self.channels // G * self.kh * self.kw
+        P = n * self.out_h * self.out_w
+        col = self._col.get(G * K, P)
+        if n == 1:
+            dout = dy.reshape(M, P)
+        else:
+            dout = self._out.get(M, P)
+            dout.reshape(M, n, -1)[...] = dy.reshape(n, M, -1).transpose(1, 0, 2)
+        if self.bias_term and self.param_propagate_down[1]:
+            self.blobs[1].diff[...] += dout.sum(axis=1)
+        if self.param_propagate_down[0]:
+            if self._col_key != key:          # forward's columns are gone (another chunk / bottom)
+                be.im2col(x, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, col)
+                self._col_key = key
+            dw = self.blobs[0].diff.reshape(M, K)
+            for g in range(G):
+                be.gemm(False, True, 1.0, dout[g * Mg:(g + 1) * Mg], col[g * K:(g + 1) * K], 1.0,
+                        dw[g * Mg:(g + 1) * Mg])
+        if dx is not None:
+            # d(col) = w^T @ dout goes into the column buffer, then col2im sums it into dx.
+            w = self.blobs[0].data.reshape(M, K)
+            for g in range(G):
+                be.gemm(True, False, 1.0, w[g * Mg:(g + 1) * Mg], dout[g * Mg:(g + 1) * Mg], 0.0,
+                        col[g * K:(g + 1) * K])
+            self._col_key = None
+            be.col2im(col, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, dx)
+
+    # -- the contract ---------------------------------------------------------------------------
+    def _step(self, n):
+        return self.chunk(n, self.channels * self.kh * self.kw * self.out_h * self.out_w)
+
+    def forward(self, bottom, top):
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            n = b.shape[0]
+            step = self._step(n)
+            x, y = b.data, t.data
+            for s in range(0, n, step):
+                self._forward_chunk(x[s:s + step], y[s:s + step])
+                self._col_key = (i, s)      # the column buffer holds im2col of this chunk
+
+    def backward(self, top, propagate_down, bottom):
+        need_params = any(self.param_propagate_down)
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            if not (need_params or propagate_down[i]):
+                continue
+            n = b.shape[0]
+            step = self._step(n)
+            x, dy = b.data, t.diff
+            dx = b.diff if propagate_down[i] else None
+            # Visit the chunk forward left in the buffer first, so its im2col is not redone.
+            starts = list(range(0, n, step))
+            if self._col_key is not None and self._col_key[0] == i and self._col_key[1] in starts:
+                starts.remove(self._col_key[1])
+                starts.insert(0, self._col_key[1])
+            for s in starts:
+                self._backward_chunk((i, s), x[s:s + step], dy[s:s + step],
+                                     None if dx is None else dx[s:s + step])

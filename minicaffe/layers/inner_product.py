@@ -1,0 +1,74 @@
+"""InnerProduct (fully connected): y = x W^T + b over the axes from ``axis`` on.
+
+Shapes (``axis`` = 1 by default; M = count of the axes before it, K = count from it on)::
+
+    bottom  x  (d0, ..., d_{axis-1}, ...)  read as (M, K)
+    weight  W  (num_output, K)             or (K, num_output) with ``transpose: true``
+    bias    b  (num_output,)
+    top     y  (d0, ..., d_{axis-1}, num_output)
+
+Backward::
+
+    dW += dy^T x        (transpose: dW += x^T dy)      accumulates
+    db += sum_M dy
+    dx  = dy W          (transpose: dx = dy W^T)
+"""
+from ..layer import Layer, register
+from ._common import axis_index, count, fill_blob, has, shape_str
+
+
+@register
+class InnerProduct(Layer):
+    type = "InnerProduct"
+    min_bottom, max_bottom = 1, 1
+    min_top, max_top = 1, 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.inner_product_param
+        if not has(p, "num_output") or p.num_output <= 0:
+            raise self.error("num_output must be given and positive")
+        self.num_output = int(p.num_output)
+        self.transpose = bool(p.transpose)
+        self.bias_term = bool(p.bias_term)
+        self.axis = axis_index(self, bottom[0], p.axis)
+        self.K = count(bottom[0].shape, self.axis)
+        wshape = (self.K, self.num_output) if self.transpose else (self.num_output, self.K)
+        self.blobs = [self.new_blob(wshape, self.name + "/weight")]
+        fill_blob(self.blobs[0], p.weight_filler)
+        if self.bias_term:
+            self.blobs.append(self.new_blob((self.num_output,), self.name + "/bias"))
+            fill_blob(self.blobs[1], p.bias_filler)
+        self.param_propagate_down = [True] * len(self.blobs)
+
+    def reshape(self, bottom, top):
+        x = bottom[0]
+        axis = axis_index(self, x, self.param.inner_product_param.axis)
+        k = count(x.shape, axis)
+        if k != self.K:
+            raise self.error(f"bottom[0] of shape {shape_str(x.shape)} has {k} inputs per item from axis "
+                             f"{axis}, but the weights {shape_str(self.blobs[0].shape)} expect {self.K}")
+        self.axis = axis
+        self.M = count(x.shape, 0, axis)
+        top[0].reshape(tuple(x.shape[:axis]) + (self.num_output,))
+
+    def forward(self, bottom, top):
+        x = bottom[0].data.reshape(self.M, self.K)
+        y = top[0].data.reshape(self.M, self.num_output)
+        self.backend.gemm(False, not self.transpose, 1.0, x, self.blobs[0].data, 0.0, y)
+        if self.bias_term:
+            y += self.blobs[1].data
+
+    def backward(self, top, propagate_down, bottom):
+        x = bottom[0].data.reshape(self.M, self.K)
+        dy = top[0].diff.reshape(self.M, self.num_output)
+        be = self.backend
+        if self.param_propagate_down[0]:
+            if self.transpose:
+                be.gemm(True, False, 1.0, x, dy, 1.0, self.blobs[0].diff)
+            else:
+                be.gemm(True, False, 1.0, dy, x, 1.0, self.blobs[0].diff)
+        if self.bias_term and self.param_propagate_down[1]:
+            self.blobs[1].diff[...] += dy.sum(axis=0)
+        if propagate_down[0]:
+            dx = bottom[0].diff.reshape(self.M, self.K)
+            be.gemm(False, self.transpose, 1.0, dy, self.blobs[0].data, 0.0, dx)

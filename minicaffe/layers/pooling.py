@@ -1,0 +1,124 @@
+"""Pooling: MAX (with the argmax mask), AVE, global pooling (Caffe's PoolingLayer).
+
+Shapes::
+
+    bottom  x  (N, C, H, W)
+    top[0]  y  (N, C, PH, PW)
+    top[1]     (N, C, PH, PW)   optional, MAX only: the argmax mask h*W + w, as Caffe gives it
+
+Output size, Caffe's rounding (``round_mode: CEIL`` is the default, FLOOR the alternative)::
+
+    PH = ceil((H + 2 ph - kh) / sh) + 1
+    if ph > 0 and (PH - 1) * sh >= H + ph: PH -= 1     # the last window must start inside
+                                                        # the image plus its leading pad
+MAX keeps the position of each maximum in an int32 mask; backward routes dy there.
+AVE divides by the window clipped to the padded image (H + ph, W + pw), as Caffe does, so a
+window hanging over the padding still counts the pad cells it covers.
+STOCHASTIC pooling is not supported.
+"""
+import math
+
+import numpy as np
+
+from ..layer import Layer, register
+from ._common import has, shape_str
+
+
+@register
+class Pooling(Layer):
+    type = "Pooling"
+    min_bottom, max_bottom = 1, 1
+    min_top, max_top = 1, 2
+
+    def layer_setup(self, bottom, top):
+        p = self.param.pooling_param
+        self.method = p.pool
+        if self.method == "STOCHASTIC":
+            raise self.error("pool: STOCHASTIC is not supported (use MAX or AVE)")
+        if len(top) > 1 and self.method != "MAX":
+            raise self.error(f"a second top (the argmax mask) needs pool: MAX, not {self.method}")
+        self.global_pooling = bool(p.global_pooling)
+        has_ks, has_kh, has_kw = has(p, "kernel_size"), has(p, "kernel_h"), has(p, "kernel_w")
+        if self.global_pooling:
+            if has_ks or has_kh or has_kw:
+                raise self.error("global_pooling takes its kernel from the bottom; do not give kernel_size")
+            self.kh = self.kw = None
+        else:
+            if has_ks and (has_kh or has_kw):
+                raise self.error("give kernel_size or kernel_h and kernel_w, not both")
+            if has_ks:
+                self.kh = self.kw = int(p.kernel_size)
+            elif has_kh and has_kw:
+                self.kh, self.kw = int(p.kernel_h), int(p.kernel_w)
+            else:
+                raise self.error("kernel_size is required (or kernel_h and kernel_w together)")
+            if self.kh <= 0 or self.kw <= 0:
+                raise self.error(f"kernel size must be positive, got ({self.kh}, {self.kw})")
+        if has(p, "pad_h") or has(p, "pad_w"):
+            if has(p, "pad") or not (has(p, "pad_h") and has(p, "pad_w")):
+                raise self.error("give pad, or pad_h and pad_w together")
+            self.ph, self.pw = int(p.pad_h), int(p.pad_w)
+        else:
+            self.ph = self.pw = int(p.pad)
+        if has(p, "stride_h") or has(p, "stride_w"):
+            if has(p, "stride") or not (has(p, "stride_h") and has(p, "stride_w")):
+                raise self.error("give stride, or stride_h and stride_w together")
+            self.sh, self.sw = int(p.stride_h), int(p.stride_w)
+        else:
+            self.sh = self.sw = int(p.stride)
+        if self.sh <= 0 or self.sw <= 0:
+            raise self.error(f"stride must be positive, got ({self.sh}, {self.sw})")
+        if self.global_pooling and (self.ph or self.pw or self.sh != 1 or self.sw != 1):
+            raise self.error("global_pooling takes pad 0 and stride 1 only")
+        if not self.global_pooling and (self.ph >= self.kh or self.pw >= self.kw):
+            raise self.error(f"pad ({self.ph},{self.pw}) must be smaller than the kernel ({self.kh},{self.kw})")
+        self.ceil_mode = p.round_mode == "CEIL"
+        self._mask = None
+
+    def reshape(self, bottom, top):
+        x = bottom[0]
+        if x.num_axes != 4:
+            raise self.error(f"bottom[0] has shape {shape_str(x.shape)}; expected 4 axes (N, C, H, W)")
+        n, c, h, w = x.shape
+        if self.global_pooling:
+            self.kh, self.kw = h, w
+        self.pooled_h = self._pooled(h, self.kh, self.ph, self.sh)
+        self.pooled_w = self._pooled(w, self.kw, self.pw, self.sw)
+        if self.pooled_h <= 0 or self.pooled_w <= 0:
+            raise self.error(f"bottom[0] of shape {shape_str(x.shape)} is smaller than the kernel "
+                             f"({self.kh},{self.kw}) with pad ({self.ph},{self.pw})")
+        shape = (n, c, self.pooled_h, self.pooled_w)
+        for t in top:
+            t.reshape(shape)
+        if self.method == "MAX":
+            count = n * c * self.pooled_h * self.pooled_w
+            if self._mask is None or self._mask.size < count:
+                self._mask = self.xp.zeros(count, dtype=np.int32)
+
+    def _pooled(self, size, k, pad, stride):
+        span = size + 2 * pad - k
+        rounded = math.ceil(span / stride) if self.ceil_mode else math.floor(span / stride)
+        out = int(rounded) + 1
+        if pad and (out - 1) * stride >= size + pad:
+            out -= 1     # the last window would start in the trailing padding
+        return out
+
+    def forward(self, bottom, top):
+        x, y = bottom[0].data, top[0].data
+        if self.method == "MAX":
+            mask = self._mask[:top[0].count].reshape(top[0].shape)
+            self.backend.max_pool_fwd(x, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, y, mask)
+            if len(top) > 1:
+                top[1].data[...] = mask
+        else:
+            self.backend.ave_pool_fwd(x, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, y)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dy, dx = top[0].diff, bottom[0].diff
+        if self.method == "MAX":
+            mask = self._mask[:top[0].count].reshape(top[0].shape)
+            self.backend.max_pool_bwd(dy, mask, dx)
+        else:
+            self.backend.ave_pool_bwd(dy, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, dx)

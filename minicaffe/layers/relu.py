@@ -1,0 +1,22 @@
+"""ReLU, with Caffe's leaky form: y = max(0, x) + negative_slope * min(0, x).
+
+Backward: dx = dy where x > 0, negative_slope * dy elsewhere.  In place is fine: y > 0 exactly
+where x > 0, so backward may read the overwritten bottom.
+"""
+from ..layer import register
+from ._common import Neuron
+
+
+@register
+class ReLU(Neuron):
+    type = "ReLU"
+
+    def layer_setup(self, bottom, top):
+        self.slope = float(self.param.relu_param.negative_slope)
+
+    def forward(self, bottom, top):
+        self.backend.relu_fwd(bottom[0].flat_data, self.slope, top[0].flat_data)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            self.backend.relu_bwd(bottom[0].flat_data, top[0].flat_diff, self.slope, bottom[0].flat_diff)
