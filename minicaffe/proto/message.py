@@ -24,6 +24,11 @@ first write into it attaches it to the parent (that is what protobuf's own Pytho
 So ``layer.convolution_param.num_output = 8`` works whether or not ``convolution_param`` was
 set, while merely reading ``layer.convolution_param.num_output`` leaves ``layer`` unchanged.
 
+Numbers: a ``float`` field holds a Python float as given (``base_lr: 0.01`` reads 0.01); the
+wire format stores it as float32, so ``==`` compares float fields at float32 precision (and
+treats NaN as equal to NaN: both print and encode the same).  Arrays decoded from ``bytes`` are
+read-only views of the input; ``copy()`` shares them, and assigning a new array replaces them.
+
 Setting a field checks the value against the schema: a wrong type raises TypeError, an
 out-of-range integer or unknown enum name raises ValueError, an unknown field AttributeError.
 """

@@ -24,6 +24,8 @@ descriptors (``SCHEMA["PoolingParameter"].field("pool").default == "MAX"``).
 from minicaffe.errors import did_you_mean
 
 # fmt: off
+# Enums: qualified name -> {value name: number}.  A field's default is the *first* value listed
+# (HingeLossParameter.Norm starts at L1 = 1, not at 0).
 ENUMS = {
     "FillerParameter.VarianceNorm": {"FAN_IN": 0, "FAN_OUT": 1, "AVERAGE": 2},
     "SolverParameter.SnapshotFormat": {"HDF5": 0, "BINARYPROTO": 1},
@@ -65,6 +67,8 @@ ENUMS = {
     "V0LayerParameter.PoolMethod": {"MAX": 0, "AVE": 1, "STOCHASTIC": 2},
 }
 
+# Messages: name -> [(field name, field number, type, label[, explicit default])], in
+# caffe.proto's order.  ClipParameter's two fields are caffe.proto's only 'required' ones.
 MESSAGES = {
     "BlobShape": [
         ("dim", 1, "int64", "repeated packed"),
