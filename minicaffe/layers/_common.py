@@ -32,7 +32,7 @@ def axis_index(layer, blob, axis, what="axis", index=0):
 
 def in_place(bottom, top):
     """True when ``top`` is ``bottom`` (the Net's in-place form: the same blob name)."""
-    return top is bottom or top.shares_data_with(bottom)
+    return top is bottom or (top.count > 0 and top.shares_data_with(bottom))
 
 
 def fill_blob(blob, filler_param):
