@@ -36,13 +36,16 @@ def _host(layer, a):
 
 
 def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, check_tops=None,
-                   step=1e-6, tol=1e-6, kink=None, kink_range=-1.0, seed=1701, max_per_blob=None):
+                   step=1e-6, tol=1e-6, kink=None, kink_range=-1.0, seed=1701, max_per_blob=None,
+                   unit_top_weights=False):
     """Check ``layer``'s backward against central differences; raise GradientError naming the
     layer, the blob, the flat index, both values and the tolerance on the first mismatch.
 
     ``layer`` must already be set up with ``bottom``/``top``.  ``check_bottom``: indices of the
     bottoms to check (default: all).  ``check_tops``: indices of the tops in the objective
     (default: all).  ``max_per_blob``: check only that many elements of each blob (spread evenly).
+    ``unit_top_weights``: weight the tops by 1 (for a loss layer that, like pycaffe's pyloss
+    example, ignores its top diff and so assumes loss weight 1).
     Returns the number of elements checked.
     """
     xp = layer.xp
@@ -57,7 +60,8 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, che
         layer.forward(bottom, top)
 
     run_forward()
-    weights = {t: rng.uniform(-1.0, 1.0, size=top[t].shape) for t in check_tops}
+    weights = {t: (np.ones(top[t].shape) if unit_top_weights else rng.uniform(-1.0, 1.0, size=top[t].shape))
+               for t in check_tops}
 
     def objective():
         run_forward()
