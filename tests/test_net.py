@@ -91,11 +91,15 @@ def test_forward_start_end_and_reshape(rng):
     full = net.forward()
     again = net.forward(start="relu")
     assert np.allclose(full["loss"], again["loss"])
-    net.blobs["data"].reshape(1, 3, 7, 7)
+    net.blobs["data"].reshape(1, 3, 5, 5)
     net.blobs["label"].reshape(1)
     net.reshape()
-    assert net.blobs["conv"].shape == (1, 4, 7, 7)
+    assert net.blobs["conv"].shape == (1, 4, 5, 5) and net.blobs["ip"].shape == (1, 3)
     assert net.params["ip"][0].shape == (3, 4 * 5 * 5)  # params keep their shape
+    net.blobs["data"].reshape(1, 3, 7, 7)
+    with pytest.raises(LayerError, match=r"layer 'ip'.*\(1,4,7,7\) has 196 inputs.*expect 100"):
+        net.reshape()
+    net.blobs["data"].reshape(1, 3, 5, 5)
     with pytest.raises(NetError, match="no layer named 'nope'"):
         net.forward(end="nope")
 
@@ -206,7 +210,8 @@ def test_shape_error_names_layer_and_shapes():
     with pytest.raises(LayerError) as info:
         make('input: "a" input_shape { dim: 2 dim: 3 } input: "b" input_shape { dim: 2 dim: 4 } '
              'layer { name: "e" type: "Eltwise" bottom: "a" bottom: "b" top: "c" }')
-    assert "'e'" in str(info.value) and "(2, 3)" in str(info.value) and "(2, 4)" in str(info.value)
+    msg = str(info.value).replace(" ", "")
+    assert "'e'" in msg and "(2,3)" in msg and "(2,4)" in msg
 
 
 def test_phase_argument_forms(tmp_path):
@@ -216,7 +221,7 @@ def test_phase_argument_forms(tmp_path):
     assert caffe.Net(str(path), phase=caffe.TRAIN).phase == "TRAIN"
     with pytest.raises(MinicaffeError, match="needs a phase"):
         caffe.Net(str(path))
-    with pytest.raises(MinicaffeError, match="not found"):
+    with pytest.raises(MinicaffeError, match="missing.prototxt.*No such file"):
         caffe.Net(str(tmp_path / "missing.prototxt"), caffe.TEST)
 
 

@@ -38,9 +38,9 @@ def toy_dataset():
 def solver_param(tmp_path, batch=8, **fields):
     net = tmp_path / "toy.prototxt"
     net.write_text(NET.replace("BATCH", str(batch)))
-    text = f'net: "{net}"\nbase_lr: 0.1\nlr_policy: "fixed"\nmax_iter: 10\ndisplay: 0\nrandom_seed: 3\n'
-    for k, v in fields.items():
-        text += f"{k}: {v}\n"
+    settings = {"base_lr": 0.1, "lr_policy": '"fixed"', "max_iter": 10, "display": 0, "random_seed": 3}
+    settings.update(fields)
+    text = f'net: "{net}"\n' + "".join(f"{k}: {v}\n" for k, v in settings.items())
     path = tmp_path / "solver.prototxt"
     path.write_text(text)
     return str(path)
@@ -167,8 +167,10 @@ def test_clip_gradients_bounds_the_step(tmp_path):
     s = caffe.SGDSolver(solver_param(tmp_path, base_lr=1.0, clip_gradients=1e-3), log=lines.append)
     before = [b.data.copy() for b in s.net.learnable_params]
     s.step(1)
-    step = np.sqrt(sum(((b.data - w) ** 2).sum() for b, w in zip(s.net.learnable_params, before)))
-    assert step == pytest.approx(1e-3, rel=1e-3)   # lr 1 x clipped norm (lr_mult 2 on a zero-ish bias aside)
+    # with lr 1 and no momentum, parameter i moved by lr_mult_i x its clipped gradient
+    clipped = [(w - b.data) / lr for b, w, lr in zip(s.net.learnable_params, before, s.net.params_lr)]
+    norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in clipped))
+    assert norm == pytest.approx(1e-3, rel=1e-3)
     assert any("Gradient clipping" in l for l in lines)
 
 

@@ -16,7 +16,12 @@ POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 
 
 def check(param, where="solver"):
-    """Raise a clear error for an unknown policy or a missing hyper-parameter."""
+    """Raise a clear error for an unknown policy or a missing hyper-parameter.
+
+    An unset lr_policy means "fixed" (Caffe stops with "Unknown learning rate policy: ").
+    """
+    if not param.lr_policy:
+        param.lr_policy = "fixed"
     policy = param.lr_policy
     if policy not in POLICIES:
         raise SolverError(f"{where}: unknown lr_policy '{policy}'." + did_you_mean(policy, POLICIES, "policies"))
