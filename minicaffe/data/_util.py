@@ -95,6 +95,7 @@ class Progress:
         self._msg = ""
         self._last_quarter = -1
         self._open_line = False
+        self._last_text = None
 
     def _write(self, text):
         if not self.quiet:
@@ -105,6 +106,7 @@ class Progress:
         self._end_line()
         self._msg = msg
         self._last_quarter = -1
+        self._last_text = None
         if self.tty:
             self._write(f"\r{self.prefix}{msg}\x1b[K")
             self._open_line = True
@@ -117,6 +119,9 @@ class Progress:
             text = f"{self._msg}: {done / 1e6:.1f} / {total / 1e6:.1f} MB ({100 * frac:3.0f}%)"
         else:
             frac, text = None, f"{self._msg}: {done / 1e6:.1f} MB"
+        if text == self._last_text:
+            return
+        self._last_text = text
         if self.tty:
             width = 24
             bar = "" if frac is None else "[" + "#" * int(width * frac) + "." * (width - int(width * frac)) + "] "

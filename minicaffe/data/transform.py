@@ -10,9 +10,14 @@ For each image (C, H, W) -> (C, h, w) in the layer's float type, as Caffe's Data
              the same offset as the image) is subtracted
     scale    the result is multiplied by scale:  out = (pixel - mean) * scale
 
-Crop and mirror are one gather: per image a row index vector and a column index vector (the
-column vector reversed when the image is mirrored), and ``x[n, c, rows, cols]`` with broadcast
-index arrays builds the whole (N, C, h, w) batch without a Python loop over images.
+The batch is done without a Python loop over images.  A random crop is one gather:
+``sliding_window_view`` sees the batch as every (h, w) window at every offset, (N, C, H-h+1,
+W-w+1, h, w), without copying, and indexing it with the per-image offsets ``[n, :, h_off, w_off]``
+copies out exactly the chosen windows, (N, C, h, w).  Mirroring then reverses the last axis of
+the flipped images, ``v[flip] = v[flip, ..., ::-1]``.  A mean image is subtracted in the full frame
+before cropping, so every pixel meets the mean value at its own input position, as in Caffe.
+(A gather with four broadcast index arrays, ``x[n, c, rows, cols]``, gives the same batch but is
+~4x slower: numpy computes a flat index per output element.)
 
 Differences from Caffe: Caffe draws ``mirror`` at random in the TEST phase too; minicaffe mirrors
 only at TRAIN (a test score should not depend on coin flips).  The random draws come from numpy,
@@ -21,6 +26,7 @@ so the particular crops and flips differ from Caffe's.
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from ._util import DatasetError
 
@@ -82,39 +88,28 @@ class Transformer:
         """
         n, c, H, W = images.shape
         _, h, w = self.output_shape((c, H, W))
-        rows = cols = None
+        x, fresh = images, False
+        if self.mean_image is not None:                     # (x - mean) in the full frame
+            x, fresh = images.astype(self.dtype) - self.mean_image.astype(self.dtype)[None], True
         if self.random:
             if rng is None:
                 raise DatasetError("a random transform (crop or mirror at TRAIN) needs an rng")
             if self.crop_size:
                 h_off = rng.integers(0, H - h + 1, size=n)
                 w_off = rng.integers(0, W - w + 1, size=n)
-            else:
-                h_off = w_off = np.zeros(n, dtype=np.int64)
-            rows = h_off[:, None] + np.arange(h)                      # (N, h)
-            cols = w_off[:, None] + np.arange(w)                      # (N, w)
+                windows = sliding_window_view(x, (h, w), axis=(2, 3))      # (N, C, H-h+1, W-w+1, h, w)
+                x, fresh = windows[np.arange(n), :, h_off, w_off], True     # (N, C, h, w), a copy
             if self.mirror:
                 flip = rng.integers(0, 2, size=n).astype(bool)
-                cols[flip] = cols[flip, ::-1]
-            ci = np.arange(c)[None, :, None, None]
-            x = images[np.arange(n)[:, None, None, None], ci, rows[:, None, :, None], cols[:, None, None, :]]
+                if not fresh:
+                    x, fresh = x.copy(), True
+                x[flip] = x[flip, ..., ::-1]
         elif self.crop_size:
             top, left = (H - h) // 2, (W - w) // 2
-            x = images[:, :, top:top + h, left:left + w]
-        else:
-            x = images
-        out = x.astype(self.dtype, copy=True)
+            x = x[:, :, top:top + h, left:left + w]
+        out = x.astype(self.dtype, copy=not fresh)
         if self.mean_value:
             out -= np.asarray(self.mean_value, dtype=self.dtype).reshape(1, -1, 1, 1)
-        elif self.mean_image is not None:
-            mean = self.mean_image.astype(self.dtype)
-            if rows is not None:
-                out -= mean[np.arange(c)[None, :, None, None], rows[:, None, :, None], cols[:, None, None, :]]
-            elif self.crop_size:
-                top, left = (H - h) // 2, (W - w) // 2
-                out -= mean[None, :, top:top + h, left:left + w]
-            else:
-                out -= mean[None]
         if self.scale != 1.0:
             out *= self.dtype.type(self.scale)
         return out
