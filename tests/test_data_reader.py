@@ -275,3 +275,23 @@ def test_cifar10_missing_names_the_files(tmp_path, monkeypatch):
 def test_cifar10_bad_record_size():
     with pytest.raises(DatasetError, match="not a whole number of CIFAR-10 records"):
         cifar10.parse_batch(b"\x00" * 3000, "x.bin")
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 13), batch=st.integers(1, 9), before=st.integers(0, 12), after=st.integers(1, 8),
+       shuffle=st.booleans(), seed=st.integers(0, 2**40))
+def test_any_saved_position_continues_the_same_stream(n, batch, before, after, shuffle, seed):
+    def reader():
+        return BatchReader(make_dataset(n, shape=(1, 3, 3)), batch, Transformer(mirror=True, crop_size=2),
+                           shuffle=shuffle, seed=seed)
+    stream = [lab for _, lab in take(Prefetcher(reader(), depth=0), before + after)]
+    p = Prefetcher(reader(), depth=0)
+    take(p, before)
+    q = Prefetcher(BatchReader(make_dataset(n, shape=(1, 3, 3)), batch, shuffle=not shuffle, seed=seed + 1), depth=0)
+    q.load_state_dict(p.state_dict())
+    got = [lab for _, lab in take(q, after)]
+    for a, b in zip(stream[before:], got):
+        np.testing.assert_array_equal(a, b)

@@ -154,3 +154,26 @@ def test_caffe_example_mean_is_computed_from_the_dataset():
     finally:
         unregister_dataset("cifar10_train")
     assert "cifar10_train" not in registry._user
+
+
+# -- random shapes (odd, prime, size-1) ----------------------------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 5), c=st.integers(1, 4), H=st.integers(1, 9), W=st.integers(1, 9),
+       crop_frac=st.floats(0, 1), mirror=st.booleans(), phase=st.sampled_from(["TRAIN", "TEST"]),
+       use_mean=st.sampled_from(["none", "value", "image"]), seed=st.integers(0, 2**32 - 1))
+def test_transform_random_shapes(n, c, H, W, crop_frac, mirror, phase, use_mean, seed):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(n, c, H, W), dtype=np.uint8)
+    crop = int(round(crop_frac * min(H, W)))
+    mean_value = list(rng.uniform(0, 255, size=c)) if use_mean == "value" else ()
+    mean_image = rng.uniform(0, 255, size=(c, H, W)) if use_mean == "image" else None
+    t = Transformer(scale=0.25, mean_value=mean_value, mean_file=mean_image, crop_size=crop, mirror=mirror,
+                    phase=phase)
+    got = t(images, np.random.default_rng(seed + 1))
+    offsets = flips = None
+    if phase == "TRAIN":
+        offsets, flips = draws(n, H, W, crop, mirror, np.random.default_rng(seed + 1))
+    np.testing.assert_array_equal(got, reference(images, 0.25, mean_value, mean_image, crop, offsets, flips))
