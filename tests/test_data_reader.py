@@ -1,10 +1,8 @@
 """Batch order, shuffling, determinism with and without the prefetch thread, saved state,
 the source registry, CIFAR-10 binaries and synthetic data."""
 import gc
-import io
 import json
 import tarfile
-import threading
 import time
 
 import numpy as np
@@ -12,7 +10,7 @@ import pytest
 
 from minicaffe.data import (BatchReader, Dataset, DatasetError, Prefetcher, Transformer, get_dataset,
                             register_dataset, resolve_source, synthetic_dataset, unregister_dataset)
-from minicaffe.data import cifar10, registry, synthetic
+from minicaffe.data import cifar10, synthetic
 
 
 def make_dataset(n=23, shape=(2, 5, 5), seed=0):
