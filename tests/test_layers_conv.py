@@ -217,3 +217,37 @@ def test_inner_product_rejects_a_changed_input_size(backend):
     bottoms[0].reshape(2, 5)
     with pytest.raises(LayerError, match=r"ip.*\(2,5\) has 5 inputs.*expect 12"):
         layer.reshape(bottoms, tops)
+
+
+# -- random geometry (hypothesis): odd sizes, padding, stride, dilation, groups ----------------------
+from hypothesis import HealthCheck, given, settings, strategies as st   # noqa: E402
+
+
+@st.composite
+def conv_geometry(draw):
+    group = draw(st.sampled_from([1, 1, 2, 3]))
+    c = group * draw(st.integers(1, 2))
+    m = group * draw(st.integers(1, 2))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    ph, pw = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - 2 * ph), 9))
+    w = draw(st.integers(max(1, dw * (kw - 1) + 1 - 2 * pw), 9))
+    n = draw(st.integers(1, 3))
+    return (n, c, h, w), m, group, (kh, kw), (ph, pw), (sh, sw), (dh, dw), draw(st.booleans())
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(geom=conv_geometry())
+def test_convolution_random_geometry(backend, geom):
+    shape, m, group, (kh, kw), (ph, pw), (sh, sw), (dh, dw), bias = geom
+    text = (f"kernel_h: {kh} kernel_w: {kw} pad_h: {ph} pad_w: {pw} stride_h: {sh} stride_w: {sw} "
+            f"dilation: {dh} dilation: {dw}")
+    x = np.random.default_rng(sum(shape)).standard_normal(shape)
+    layer, bottoms, tops, (y,) = run(conv_text(m, text, group, bias), backend, [x])
+    w = host(backend, layer.blobs[0].data)
+    b = host(backend, layer.blobs[1].data) if bias else None
+    np.testing.assert_allclose(y, naive_conv(x, w, b, (ph, pw), (sh, sw), (dh, dw), group), rtol=1e-10, atol=1e-10)
+    check_gradient(layer, bottoms, tops, max_per_blob=12)

@@ -11,7 +11,7 @@ from layer_util import blob, distinct, make_layer, run, setup
 
 def caffe_pooled(size, k, p, s, ceil=True):
     out = (math.ceil if ceil else math.floor)((size + 2 * p - k) / s) + 1
-    if p > 0 and (out - 1) * s >= size + p:
+    if (out - 1) * s >= size + p:       # Caffe: only if p > 0 (see minicaffe/layers/pooling.py)
         out -= 1
     return out
 
@@ -47,6 +47,7 @@ def naive_pool(x, kh, kw, sh, sw, ph, pw, method, ceil=True):
     (5, 2, 1, 2, 3),      # ceil(5/2)+1 = 4, but window 3 would start at 6 >= H + p = 6: dropped
     (4, 3, 1, 2, 3),      # the CIFAR-10 case: ceil(3/2)+1 = 3, last start 4 < 5 kept
     (1, 1, 0, 1, 1),
+    (2, 1, 0, 2, 1),      # kernel < stride, no pad: Caffe would keep an empty window at 2; dropped
 ])
 def test_caffe_output_rounding(backend, h, k, p, s, expected):
     assert caffe_pooled(h, k, p, s) == expected
@@ -123,3 +124,22 @@ def test_ave_pooling_cannot_give_a_mask(backend):
     layer = make_layer('name: "p" type: "Pooling" pooling_param { pool: AVE kernel_size: 2 }', backend)
     with pytest.raises(LayerError, match="second top"):
         setup(layer, [blob(backend, np.zeros((1, 1, 4, 4)))], n_tops=2)
+
+
+# -- random geometry (hypothesis) ---------------------------------------------------------------------
+from hypothesis import HealthCheck, given, settings, strategies as st   # noqa: E402
+
+
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(method=st.sampled_from(["MAX", "AVE"]), kh=st.integers(1, 4), kw=st.integers(1, 4),
+       sh=st.integers(1, 3), sw=st.integers(1, 3), data=st.data())
+def test_pooling_random_geometry(backend, method, kh, kw, sh, sw, data):
+    ph, pw = data.draw(st.integers(0, kh - 1)), data.draw(st.integers(0, kw - 1))
+    h, w = data.draw(st.integers(max(1, kh - 2 * ph), 9)), data.draw(st.integers(max(1, kw - 2 * pw), 9))
+    x = distinct(np.random.default_rng(h * 10 + w), (2, 2, h, w))
+    text = (f'type: "Pooling" pooling_param {{ pool: {method} kernel_h: {kh} kernel_w: {kw} '
+            f'stride_h: {sh} stride_w: {sw} pad_h: {ph} pad_w: {pw} }}')
+    layer, bottoms, tops, (y,) = run(text, backend, [x])
+    np.testing.assert_allclose(y, naive_pool(x, kh, kw, sh, sw, ph, pw, method)[0], rtol=1e-12, atol=1e-12)
+    check_gradient(layer, bottoms, tops, max_per_blob=30)

@@ -9,8 +9,13 @@ Shapes::
 Output size, Caffe's rounding (``round_mode: CEIL`` is the default, FLOOR the alternative)::
 
     PH = ceil((H + 2 ph - kh) / sh) + 1
-    if ph > 0 and (PH - 1) * sh >= H + ph: PH -= 1     # the last window must start inside
-                                                        # the image plus its leading pad
+    if (PH - 1) * sh >= H + ph: PH -= 1     # the last window must start inside the image
+                                            # plus its leading pad
+
+Caffe applies that last rule only when ph > 0.  With no padding it matters only when the kernel
+is smaller than the stride (kernel 1, stride 2, H = 2: ceil gives 2 windows, the second starting
+at 2, past the image); Caffe then pools an empty window (-FLT_MAX, a mask of -1 that its backward
+writes through).  minicaffe drops that window instead: a difference only where Caffe is broken.
 MAX keeps the position of each maximum in an int32 mask; backward routes dy there.
 AVE divides by the window clipped to the padded image (H + ph, W + pw), as Caffe does, so a
 window hanging over the padding still counts the pad cells it covers.
@@ -99,8 +104,8 @@ class Pooling(Layer):
         span = size + 2 * pad - k
         rounded = math.ceil(span / stride) if self.ceil_mode else math.floor(span / stride)
         out = int(rounded) + 1
-        if pad and (out - 1) * stride >= size + pad:
-            out -= 1     # the last window would start in the trailing padding
+        if (out - 1) * stride >= size + pad:
+            out -= 1     # the last window would start in the trailing padding (or past the image)
         return out
 
     def forward(self, bottom, top):
