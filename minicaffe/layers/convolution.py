@@ -19,12 +19,11 @@ Backward (``dout`` = top diff laid out as (M, P))::
     dx     = col2im(w[g]^T @ dout[g])
 
 The column buffer is kept between calls (capacity-based, like a Blob) and, when the batch fits
-one chunk, reused by backward instead of running im2col again.  A batch whose column buffer would
+one chunk, reused by backward instead of running im2col again (backward follows the forward of
+the same bottoms, Caffe's contract; a key records which bottom and chunk the buffer holds).  A batch whose column buffer would
 exceed ``COL_LIMIT`` elements is processed in chunks of images (AlexNet's conv1 at batch 256
 would otherwise need a 1 GB buffer).
 """
-import numpy as np
-
 from ..layer import Layer, register
 from ._common import fill_blob, has, shape_str, spatial_geometry
 
