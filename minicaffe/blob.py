@@ -94,8 +94,8 @@ class Blob:
             count *= d
         self._shape = shape
         self._count = count
-        if count > self._capacity:
-            if self._attached:
+        if count > self._capacity or self._data_buf is None:
+            if self._attached and count > self._capacity:
                 raise MinicaffeError(
                     f"blob '{self.name}' lives in a planned arena of {self._capacity} elements and cannot "
                     f"grow to shape {shape} ({count} elements); re-plan the net's memory after reshaping")

@@ -413,6 +413,14 @@ class Net:
         self.backward_from_to()
         return loss
 
+    def set_input_arrays(self, data, labels, layer=None):
+        """pycaffe's set_input_arrays: feed a MemoryData layer (the first one, or ``layer``)."""
+        targets = [l for l in self.layers if l.type == "MemoryData" and (layer is None or l.name == layer)]
+        if not targets:
+            raise NetError(f"set_input_arrays: net '{self.name}' has no MemoryData layer"
+                           + (f" named '{layer}'" if layer else ""))
+        targets[0].set_input_arrays(data, labels)
+
     def clear_param_diffs(self):
         for p in self.learnable_params:
             p.flat_diff[...] = 0

@@ -119,7 +119,8 @@ def run(args):
     out_dir = args.output or os.path.join("runs", name)
     os.makedirs(out_dir, exist_ok=True)
     if args.data_dir:
-        os.environ["MINICAFFE_DATA"] = os.path.abspath(args.data_dir)
+        from ..data import set_data_dir
+        set_data_dir(os.path.abspath(args.data_dir))
     if args.weights and args.resume:
         raise MinicaffeError("give --weights (start from weights) or --resume (continue a run), not both")
     _backend.set_mode("gpu" if args.device == "gpu" else "cpu")
