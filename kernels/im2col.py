@@ -174,7 +174,8 @@ def _im2col_tap(xp, i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, crow):
         ih = oh * sh - ph + i * dh
         d = oh * OW
         crow[d:d + ow_lo] = 0
-        crow[d + ow_lo:d + ow_hi] = xp[ih, ow_lo * sw + off_w:(ow_hi - 1) * sw + off_w + 1:sw]
+        if ow_hi > ow_lo:           # (an empty range would make the source slice negative)
+            crow[d + ow_lo:d + ow_hi] = xp[ih, ow_lo * sw + off_w:(ow_hi - 1) * sw + off_w + 1:sw]
         crow[d + ow_hi:d + OW] = 0
     crow[oh_hi * OW:] = 0
 

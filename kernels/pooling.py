@@ -11,12 +11,14 @@ PH, PW are read from y's (dy's) shape: Caffe's ceil rounding is the layer's job.
 (p, q) covers rows [p*sh - ph, p*sh - ph + kh) and columns likewise, clipped to the image.
 
 * max: mask (int32) = h*W + w of the maximum inside its (n, c) plane; ties go to the first
-  element in row-major scan order (Caffe compares with a strict ``>``).  A window that lies
-  wholly in the padding (Caffe's sizes never make one) gives y = 0, mask = -1, and no gradient.
+  element in row-major scan order (Caffe compares with a strict ``>``).
 * average: the divisor is the window clipped to [-ph, H + ph) x [-pw, W + pw) -- that is,
   padding cells inside the padded image count, cells beyond it do not -- while the sum runs
   over the window clipped to the image (Caffe's AVE pooling; not "count_include_pad" either
   way).  The backward pass spreads dy / divisor over the same image-clipped window.
+* a window with no cell inside the image (Caffe's ceil rounding makes one when stride >
+  kernel, e.g. H=2, k=1, s=2, p=0) gives y = 0 (max: mask = -1) and no gradient; Caffe
+  would write -FLT_MAX (max) or 0/0 (average).
 
 Versions:
   v1_naive   Caffe's CPU loop transliterated: every window's bounds recomputed for every
@@ -49,7 +51,7 @@ def _windows(H, W, PH, PW, kh, kw, sh, sw, ph, pw):
             div = (he - hs) * (we - ws)
             hs, ws = max(hs, 0), max(ws, 0)
             he, we = min(he, H), min(we, W)
-            yield p, q, hs, he, ws, we, div
+            yield p, q, hs, he, ws, we, max(div, 1)     # an empty window: 0 / 1 (see top)
 
 
 def max_pool_fwd_reference(x, kh, kw, sh, sw, ph, pw, PH, PW):
@@ -159,7 +161,7 @@ def ave_pool_fwd_v1_naive(x, kh, kw, sh, sw, ph, pw, y):
                     ws = q * sw - pw
                     he = min(hs + kh, H + ph)
                     we = min(ws + kw, W + pw)
-                    div = (he - hs) * (we - ws)
+                    div = max((he - hs) * (we - ws), 1)
                     hs = max(hs, 0)
                     ws = max(ws, 0)
                     he = min(he, H)
@@ -185,7 +187,7 @@ def ave_pool_bwd_v1_naive(dy, kh, kw, sh, sw, ph, pw, dx):
                     ws = q * sw - pw
                     he = min(hs + kh, H + ph)
                     we = min(ws + kw, W + pw)
-                    div = (he - hs) * (we - ws)
+                    div = max((he - hs) * (we - ws), 1)
                     hs = max(hs, 0)
                     ws = max(ws, 0)
                     he = min(he, H)
@@ -205,7 +207,7 @@ def _table(n_out, size, k, s, p):
     for o in range(n_out):
         a = o * s - p
         b = min(a + k, size + p)
-        t[o, 2] = b - a
+        t[o, 2] = max(b - a, 1)         # the divisor's factor (>= 1: see the top)
         t[o, 0] = max(a, 0)
         t[o, 1] = min(b, size)
     return t
