@@ -1,0 +1,98 @@
+"""``python -m minicaffe.time``: per-layer forward and backward time, as ``caffe time`` prints it.
+
+    python -m minicaffe.time lenet                       # nets/lenet_train_test.prototxt, TRAIN
+    python -m minicaffe.time caffenet --iterations 5 --phase TEST
+
+Runs ``--warmup`` untimed forward-backward passes (past numba's compilation), then
+``--iterations`` timed ones, and prints each layer's median forward and backward time, the
+forward, backward and total per iteration, and each layer's share.
+"""
+import argparse
+import statistics
+import sys
+import time
+
+from .. import backend as _backend
+from ..errors import MinicaffeError
+from ..net import Net
+from .common import Logger, banner, resolve_net
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m minicaffe.time", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a short name from nets/ or a net prototxt")
+    p.add_argument("--iterations", type=int, default=50, help="timed iterations (default 50, as caffe time)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("--phase", choices=("TRAIN", "TEST"), default="TRAIN")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--data-dir", help="dataset cache directory")
+    return p
+
+
+def time_layers(net, iterations, warmup=5):
+    """{layer index: ([forward seconds], [backward seconds])} and the per-iteration totals."""
+    n = len(net.layers)
+    fwd = [[] for _ in range(n)]
+    bwd = [[] for _ in range(n)]
+    totals = []
+    clock = time.perf_counter
+    for it in range(warmup + iterations):
+        t_iter = clock()
+        times_f, times_b = [0.0] * n, [0.0] * n
+        for i, layer in enumerate(net.layers):
+            t = clock()
+            layer.forward_loss(net._bottoms[i], net._tops[i])
+            times_f[i] = clock() - t
+        for i in range(n - 1, -1, -1):
+            if net.layer_need_backward[i]:
+                t = clock()
+                net.layers[i].backward(net._tops[i], net.bottom_need_backward[i], net._bottoms[i])
+                times_b[i] = clock() - t
+        if it >= warmup:
+            totals.append(clock() - t_iter)
+            for i in range(n):
+                fwd[i].append(times_f[i])
+                bwd[i].append(times_b[i])
+    return fwd, bwd, totals
+
+
+def report(net, fwd, bwd, totals, log):
+    med = statistics.median
+    ms = lambda s: 1000 * s
+    total_f = sum(med(f) for f in fwd)
+    total_b = sum(med(b) for b in bwd)
+    log("Average time per layer (median):")
+    width = max(len(name) for name in net._layer_names)
+    for name, layer, f, b in zip(net._layer_names, net.layers, fwd, bwd):
+        share = 100 * (med(f) + med(b)) / max(total_f + total_b, 1e-12)
+        log(f"  {name:>{width}} {layer.type:<16} forward: {ms(med(f)):8.3f} ms  backward: {ms(med(b)):8.3f} ms"
+            f"  ({share:4.1f}%)")
+    log(f"Average Forward pass: {ms(total_f):.3f} ms.")
+    log(f"Average Backward pass: {ms(total_b):.3f} ms.")
+    log(f"Average Forward-Backward: {ms(med(totals)):.3f} ms (median of {len(totals)}; "
+        f"min {ms(min(totals)):.3f}, max {ms(max(totals)):.3f}).")
+    log(f"Total Time: {ms(sum(totals)):.1f} ms.")
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    log = Logger()
+    try:
+        if args.iterations < 1:
+            raise MinicaffeError(f"--iterations must be >= 1, got {args.iterations}")
+        if args.data_dir:
+            from ..data import set_data_dir
+            set_data_dir(args.data_dir)
+        _backend.set_mode("gpu" if args.device == "gpu" else "cpu")
+        path = resolve_net(args.model, "train_test")
+        log(banner())
+        net = Net(path, args.phase)
+        log(f"*** Benchmark begins *** {net.name} ({path}), {args.phase}, {args.warmup} warm-up + "
+            f"{args.iterations} timed iterations")
+        fwd, bwd, totals = time_layers(net, args.iterations, args.warmup)
+        report(net, fwd, bwd, totals, log)
+        log("*** Benchmark ends ***")
+        return 0
+    except MinicaffeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
