@@ -189,3 +189,33 @@ def test_argmax(backend, rng):
     np.testing.assert_array_equal(y[:, 0], x.argmax(axis=1))
     _, _, _, (y,) = run('type: "ArgMax"', backend, [np.array([[1.0, 3.0, 3.0, 0.0]])])
     assert y.reshape(-1)[0] == 2                              # ties: the higher index, as Caffe
+
+
+# -- ContrastiveLoss ---------------------------------------------------------------------------------
+def contrastive_ref(a, b, y, margin, legacy):
+    d2 = ((a - b) ** 2).reshape(len(a), -1).sum(axis=1)
+    far = np.maximum(margin - d2, 0) if legacy else np.maximum(margin - np.sqrt(d2), 0) ** 2
+    return np.where(y.reshape(-1) != 0, d2, far).sum() / (2 * len(a))
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_contrastive_loss(backend, rng, legacy):
+    n, c, margin = 8, 3, 1.5
+    a = rng.uniform(-0.6, 0.6, (n, c, 1, 1))
+    b = rng.uniform(-0.6, 0.6, (n, c, 1, 1))
+    d2 = ((a - b) ** 2).reshape(n, -1).sum(axis=1)
+    kink = d2 if legacy else np.sqrt(d2)
+    assert np.all(np.abs(kink - margin) > 0.02) and np.any(kink < margin)   # both sides of the hinge, away from it
+    y = (np.arange(n) % 2).astype(float).reshape(n, 1, 1, 1)
+    text = f'type: "ContrastiveLoss" contrastive_loss_param {{ margin: {margin} legacy_version: {str(legacy).lower()} }}'
+    layer, bottoms, tops, (loss,) = run(text, backend, [a, b, y])
+    np.testing.assert_allclose(loss, contrastive_ref(a, b, y, margin, legacy), rtol=1e-12)
+    # Caffe divides the dissimilar gradient by d + 1e-4, not d: exact only in the legacy form
+    check_gradient(layer, bottoms, tops, check_bottom=[0, 1], tol=1e-6 if legacy else 1e-3)
+
+
+def test_contrastive_loss_errors(backend):
+    with pytest.raises(LayerError, match="same shape"):
+        run('type: "ContrastiveLoss"', backend, [np.zeros((2, 3, 1, 1)), np.zeros((2, 4, 1, 1)), np.zeros(2)])
+    with pytest.raises(LayerError, match="similarity labels"):
+        run('type: "ContrastiveLoss"', backend, [np.zeros((2, 3, 1, 1)), np.zeros((2, 3, 1, 1)), np.zeros(3)])
