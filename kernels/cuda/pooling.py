@@ -1,0 +1,210 @@
+"""Max and average pooling on the GPU, forward and backward (Caffe's semantics exactly).
+
+Contract: the CPU family's (``kernels/pooling.py``)::
+
+    max_pool_fwd(x, kh, kw, sh, sw, ph, pw, y, mask)   mask int32 = h*W + w of the max
+    max_pool_bwd(dy, mask, dx)                          dx OVERWRITTEN
+    ave_pool_fwd(x, kh, kw, sh, sw, ph, pw, y)          divisor: window clipped to H+ph, W+pw
+    ave_pool_bwd(dy, kh, kw, sh, sw, ph, pw, dx)        dx OVERWRITTEN
+
+Ties go to the first element in row-major order (strict ``>``); a window wholly in the padding
+gives y = 0, mask = -1.  Each wrapper takes the launcher ``L`` first.  Checked against the CPU
+file's float64 references.
+
+Versions:
+  v1_scatter  one thread per OUTPUT (n, c, p, q), in y's order (coalesced stores of y and mask).
+              Forward: the thread scans its window.  Backward: the thread adds its dy into the
+              input pixels it came from with atomics (dx zeroed first); overlapping windows
+              (stride < kernel) collide there.  Max backward only has this version: its
+              signature has no geometry, so a thread per input could not find its windows.
+  v2_gather   average backward only: one thread per INPUT pixel (n, c, h, w), summing
+              dy / divisor over the windows [(h + ph - kh)/sh + 1, (h + ph)/sh] that cover it
+              (Caffe's AvePoolBackward): no atomics, deterministic.  Default for ave_pool_bwd.
+"""
+from numba import cuda
+
+from .. import _versions
+from ..pooling import REFERENCES  # noqa: F401  (the float64 references the tests check against)
+
+__all__ = ["max_pool_fwd", "max_pool_bwd", "ave_pool_fwd", "ave_pool_bwd", "VERSIONS", "DEFAULTS", "use"]
+
+
+def _check(x, y, kh, kw, sh, sw, ph, pw):
+    if x.ndim != 4 or y.ndim != 4 or x.shape[0] != y.shape[0] or x.shape[1] != y.shape[1]:
+        raise ValueError(f"pooling: x {tuple(x.shape)} and y {tuple(y.shape)} must be 4-d and agree in N and C")
+    if kh < 1 or kw < 1 or sh < 1 or sw < 1 or ph < 0 or pw < 0:
+        raise ValueError("pooling: kernel and stride must be >= 1, pad >= 0")
+
+
+@cuda.jit
+def _max_fwd(x, kh, kw, sh, sw, ph, pw, y, mask):
+    """Thread t (grid-stride) -> output (n, c, p, q) in y's flat order."""
+    N, C, H, W = x.shape
+    PH, PW = y.shape[2], y.shape[3]
+    t = cuda.grid(1)
+    while t < y.size:
+        q = t % PW
+        p = (t // PW) % PH
+        c = (t // (PW * PH)) % C
+        n = t // (PW * PH * C)
+        hs = max(p * sh - ph, 0)
+        ws = max(q * sw - pw, 0)
+        he = min(p * sh - ph + kh, H)
+        we = min(q * sw - pw + kw, W)
+        best = y.dtype.type(0)
+        idx = -1
+        for h in range(hs, he):
+            for w in range(ws, we):
+                if idx < 0 or x[n, c, h, w] > best:
+                    best = x[n, c, h, w]
+                    idx = h * W + w
+        y[n, c, p, q] = best
+        mask[n, c, p, q] = idx
+        t += cuda.gridsize(1)
+
+
+@cuda.jit
+def _max_bwd(dy, mask, dx):
+    """Thread t (grid-stride) -> output (n, c, p, q); atomic add of dy into dx at the mask."""
+    N, C, H, W = dx.shape
+    PH, PW = dy.shape[2], dy.shape[3]
+    t = cuda.grid(1)
+    while t < dy.size:
+        q = t % PW
+        p = (t // PW) % PH
+        c = (t // (PW * PH)) % C
+        n = t // (PW * PH * C)
+        k = mask[n, c, p, q]
+        if k >= 0:
+            cuda.atomic.add(dx, (n, c, k // W, k % W), dy[n, c, p, q])
+        t += cuda.gridsize(1)
+
+
+@cuda.jit
+def _ave_fwd(x, kh, kw, sh, sw, ph, pw, y):
+    """Thread t (grid-stride) -> output (n, c, p, q) in y's flat order."""
+    N, C, H, W = x.shape
+    PH, PW = y.shape[2], y.shape[3]
+    t = cuda.grid(1)
+    while t < y.size:
+        q = t % PW
+        p = (t // PW) % PH
+        c = (t // (PW * PH)) % C
+        n = t // (PW * PH * C)
+        hs = p * sh - ph
+        ws = q * sw - pw
+        he = min(hs + kh, H + ph)
+        we = min(ws + kw, W + pw)
+        div = (he - hs) * (we - ws)
+        s = y.dtype.type(0)
+        for h in range(max(hs, 0), min(he, H)):
+            for w in range(max(ws, 0), min(we, W)):
+                s += x[n, c, h, w]
+        y[n, c, p, q] = s / div
+        t += cuda.gridsize(1)
+
+
+@cuda.jit
+def _ave_bwd_scatter(dy, kh, kw, sh, sw, ph, pw, dx):
+    """Thread t (grid-stride) -> output (n, c, p, q); atomic adds of dy/divisor into its window."""
+    N, C, H, W = dx.shape
+    PH, PW = dy.shape[2], dy.shape[3]
+    t = cuda.grid(1)
+    while t < dy.size:
+        q = t % PW
+        p = (t // PW) % PH
+        c = (t // (PW * PH)) % C
+        n = t // (PW * PH * C)
+        hs = p * sh - ph
+        ws = q * sw - pw
+        he = min(hs + kh, H + ph)
+        we = min(ws + kw, W + pw)
+        g = dy[n, c, p, q] / ((he - hs) * (we - ws))
+        for h in range(max(hs, 0), min(he, H)):
+            for w in range(max(ws, 0), min(we, W)):
+                cuda.atomic.add(dx, (n, c, h, w), g)
+        t += cuda.gridsize(1)
+
+
+@cuda.jit
+def _ave_bwd_gather(dy, kh, kw, sh, sw, ph, pw, dx):
+    """Thread t (grid-stride) -> input pixel (n, c, h, w) in dx's order; windows p with
+    p*sh - ph <= h < p*sh - ph + kh, i.e. p in [max(0, (h + ph - kh)//sh + 1), min(PH, (h + ph)//sh + 1))."""
+    N, C, H, W = dx.shape
+    PH, PW = dy.shape[2], dy.shape[3]
+    t = cuda.grid(1)
+    while t < dx.size:
+        w = t % W
+        h = (t // W) % H
+        c = (t // (W * H)) % C
+        n = t // (W * H * C)
+        hp = h + ph
+        wp = w + pw
+        p0 = 0 if hp < kh else (hp - kh) // sh + 1
+        p1 = min(hp // sh + 1, PH)
+        q0 = 0 if wp < kw else (wp - kw) // sw + 1
+        q1 = min(wp // sw + 1, PW)
+        acc = dx.dtype.type(0)
+        for p in range(p0, p1):
+            hs = p * sh - ph
+            he = min(hs + kh, H + ph)
+            for q in range(q0, q1):
+                ws = q * sw - pw
+                we = min(ws + kw, W + pw)
+                acc += dy[n, c, p, q] / ((he - hs) * (we - ws))
+        dx[n, c, h, w] = acc
+        t += cuda.gridsize(1)
+
+
+# -- wrappers -------------------------------------------------------------------------------------
+def max_pool_fwd_v1_scatter(L, x, kh, kw, sh, sw, ph, pw, y, mask):
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    if y.size:
+        L.launch(_max_fwd, L.blocks(y.size), L.config.threads, x, kh, kw, sh, sw, ph, pw, y, mask)
+
+
+def max_pool_bwd_v1_scatter(L, dy, mask, dx):
+    if dy.ndim != 4 or tuple(mask.shape) != tuple(dy.shape):
+        raise ValueError(f"max_pool_bwd: dy {tuple(dy.shape)} and mask {tuple(mask.shape)} must be equal 4-d shapes")
+    dx.fill(0)
+    if dy.size:
+        L.launch(_max_bwd, L.blocks(dy.size), L.config.threads, dy, mask, dx)
+
+
+def ave_pool_fwd_v1_scatter(L, x, kh, kw, sh, sw, ph, pw, y):
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    if y.size:
+        L.launch(_ave_fwd, L.blocks(y.size), L.config.threads, x, kh, kw, sh, sw, ph, pw, y)
+
+
+def ave_pool_bwd_v1_scatter(L, dy, kh, kw, sh, sw, ph, pw, dx):
+    _check(dx, dy, kh, kw, sh, sw, ph, pw)
+    dx.fill(0)
+    if dy.size:
+        L.launch(_ave_bwd_scatter, L.blocks(dy.size), L.config.threads, dy, kh, kw, sh, sw, ph, pw, dx)
+
+
+def ave_pool_bwd_v2_gather(L, dy, kh, kw, sh, sw, ph, pw, dx):
+    _check(dx, dy, kh, kw, sh, sw, ph, pw)
+    if dx.size:
+        L.launch(_ave_bwd_gather, L.blocks(dx.size), L.config.threads, dy, kh, kw, sh, sw, ph, pw, dx)
+
+
+VERSIONS = {
+    "max_pool_fwd": {"v1_scatter": max_pool_fwd_v1_scatter},
+    "max_pool_bwd": {"v1_scatter": max_pool_bwd_v1_scatter},
+    "ave_pool_fwd": {"v1_scatter": ave_pool_fwd_v1_scatter},
+    "ave_pool_bwd": {"v1_scatter": ave_pool_bwd_v1_scatter, "v2_gather": ave_pool_bwd_v2_gather},
+}
+DEFAULTS = {"max_pool_fwd": "v1_scatter", "max_pool_bwd": "v1_scatter",
+            "ave_pool_fwd": "v1_scatter", "ave_pool_bwd": "v2_gather"}
+
+max_pool_fwd = VERSIONS["max_pool_fwd"][DEFAULTS["max_pool_fwd"]]
+max_pool_bwd = VERSIONS["max_pool_bwd"][DEFAULTS["max_pool_bwd"]]
+ave_pool_fwd = VERSIONS["ave_pool_fwd"][DEFAULTS["ave_pool_fwd"]]
+ave_pool_bwd = VERSIONS["ave_pool_bwd"][DEFAULTS["ave_pool_bwd"]]
+
+
+def use(version):
+    """Bind the pooling kernels that have ``version`` to it (or "default")."""
+    _versions.rebind(globals(), VERSIONS, DEFAULTS, version)

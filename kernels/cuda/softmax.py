@@ -1,0 +1,406 @@
+"""Softmax and the softmax cross-entropy loss on the GPU, over (outer, C, inner) arrays.
+
+Contract: the CPU family's (``kernels/softmax.py``)::
+
+    softmax_fwd(x, y)                 y = exp(x - max) / sum over C
+    softmax_bwd(y, dy, dx)            dx = y * (dy - sum_c dy*y)
+    softmax_loss_fwd(prob, label, ignore_label, has_ignore) -> (loss_sum, count)   (floats)
+    softmax_loss_bwd(prob, label, ignore_label, has_ignore, scale, dx)
+
+plus the fused forward the GPU wants (one pass over the scores instead of two)::
+
+    softmax_xent_fwd(x, label, ignore_label, has_ignore, prob) -> (loss_sum, count)
+        prob = softmax(x), and the loss of softmax_loss_fwd, in one kernel
+
+Labels are floats truncated to int; a label outside [0, C) that is not the ignore label makes
+the loss forward raise ValueError naming its position (the kernel records the first bad position
+in the same 3-number result it returns: no extra transfer).  The loss backward does not
+synchronize to check again -- the forward already did, on the same labels -- it writes NaN at a
+bad label's row instead, so a bad label can never pass silently.  The loss is accumulated in
+float64 (and atomically added in float64: needs compute capability >= 6.0).
+
+The loss forward is the one kernel that must return numbers to the host: it does so with ONE
+device->host copy of 3 float64 (loss, count, first bad position), through the launcher's counted
+``to_host``.
+
+Versions:
+  v1_thread  one thread per position (o, k), looping over the C classes (max, sum of exps,
+             write): for spatial softmax (inner > 1) consecutive threads take consecutive k,
+             so every pass is a coalesced row of the (C, inner) plane; for inner == 1 one thread
+             walks a whole row alone.
+  v2_block   one block per position (grid-stride over positions), ROW threads striding over C,
+             max and sum combined by a shared-memory tree reduction (log2(ROW) steps, a
+             ``syncthreads`` each): for inner == 1 a warp reads 32 consecutive scores.
+  v3_auto    v2 when inner == 1 (classification), v1 otherwise.  The default.
+  (the loss kernels: one version each; thread per position, block-reduced partial sums.)
+
+Warp shuffles (``shfl_down_sync``) would make the reductions cheaper still, but numba's
+simulator does not implement them, and every kernel here must run in the simulator.
+"""
+import math
+
+import numpy as np
+from numba import cuda
+
+from .. import _versions
+from ..softmax import FLT_MIN, REFERENCES, _bad_label_message  # noqa: F401  (references for the tests)
+
+__all__ = ["softmax_fwd", "softmax_bwd", "softmax_loss_fwd", "softmax_loss_bwd", "softmax_xent_fwd",
+           "VERSIONS", "DEFAULTS", "use", "make_block_kernels"]
+
+LOSS_THREADS = 128          # threads per block of the loss kernels (a power of two)
+
+
+# -- v1: a thread per position -------------------------------------------------------------------
+@cuda.jit
+def _fwd_thread(x, y):
+    """Thread t (grid-stride) -> position (o, k) = divmod(t, inner)."""
+    outer, C, inner = x.shape
+    t = cuda.grid(1)
+    while t < outer * inner:
+        o = t // inner
+        k = t - o * inner
+        m = x[o, 0, k]
+        for c in range(1, C):
+            m = max(m, x[o, c, k])
+        s = y.dtype.type(0)
+        for c in range(C):
+            e = math.exp(x[o, c, k] - m)
+            y[o, c, k] = e
+            s += e
+        r = 1 / s
+        for c in range(C):
+            y[o, c, k] *= r
+        t += cuda.gridsize(1)
+
+
+@cuda.jit
+def _bwd_thread(y, dy, dx):
+    """Thread t (grid-stride) -> position (o, k)."""
+    outer, C, inner = y.shape
+    t = cuda.grid(1)
+    while t < outer * inner:
+        o = t // inner
+        k = t - o * inner
+        d = dx.dtype.type(0)
+        for c in range(C):
+            d += dy[o, c, k] * y[o, c, k]
+        for c in range(C):
+            dx[o, c, k] = y[o, c, k] * (dy[o, c, k] - d)
+        t += cuda.gridsize(1)
+
+
+# -- v2: a block per position, shared-memory reduction ------------------------------------------------
+_block_cache = {}
+
+
+def make_block_kernels(ROW):
+    """(forward, backward) kernels for blocks of ROW threads (ROW a power of two)."""
+    if ROW in _block_cache:
+        return _block_cache[ROW]
+    if ROW & (ROW - 1):
+        raise ValueError(f"softmax: ROW must be a power of two, got {ROW}")
+
+    @cuda.jit
+    def fwd_block(x, y):
+        """Block b (grid-stride) -> position (o, k); thread tid takes classes tid, tid+ROW, ...;
+        max and sum are reduced over the block in shared memory."""
+        red = cuda.shared.array(ROW, dtype=y.dtype)
+        outer, C, inner = x.shape
+        tid = cuda.threadIdx.x
+        for pos in range(cuda.blockIdx.x, outer * inner, cuda.gridDim.x):
+            o = pos // inner
+            k = pos - o * inner
+            m = x[o, 0, k]
+            for c in range(tid, C, ROW):
+                m = max(m, x[o, c, k])
+            red[tid] = m
+            cuda.syncthreads()
+            s = ROW // 2
+            while s > 0:
+                if tid < s:
+                    red[tid] = max(red[tid], red[tid + s])
+                cuda.syncthreads()
+                s //= 2
+            m = red[0]
+            cuda.syncthreads()                  # everyone has read red[0] before it is reused
+            acc = y.dtype.type(0)
+            for c in range(tid, C, ROW):
+                e = math.exp(x[o, c, k] - m)
+                y[o, c, k] = e
+                acc += e
+            red[tid] = acc
+            cuda.syncthreads()
+            s = ROW // 2
+            while s > 0:
+                if tid < s:
+                    red[tid] += red[tid + s]
+                cuda.syncthreads()
+                s //= 2
+            r = 1 / red[0]
+            for c in range(tid, C, ROW):
+                y[o, c, k] *= r
+            cuda.syncthreads()
+
+    @cuda.jit
+    def bwd_block(y, dy, dx):
+        """Block b (grid-stride) -> position (o, k); the dot product sum_c dy*y reduced over
+        the block in shared memory."""
+        red = cuda.shared.array(ROW, dtype=dx.dtype)
+        outer, C, inner = y.shape
+        tid = cuda.threadIdx.x
+        for pos in range(cuda.blockIdx.x, outer * inner, cuda.gridDim.x):
+            o = pos // inner
+            k = pos - o * inner
+            acc = dx.dtype.type(0)
+            for c in range(tid, C, ROW):
+                acc += dy[o, c, k] * y[o, c, k]
+            red[tid] = acc
+            cuda.syncthreads()
+            s = ROW // 2
+            while s > 0:
+                if tid < s:
+                    red[tid] += red[tid + s]
+                cuda.syncthreads()
+                s //= 2
+            d = red[0]
+            for c in range(tid, C, ROW):
+                dx[o, c, k] = y[o, c, k] * (dy[o, c, k] - d)
+            cuda.syncthreads()
+
+    _block_cache[ROW] = (fwd_block, bwd_block)
+    return fwd_block, bwd_block
+
+
+# -- the loss ------------------------------------------------------------------------------------------
+@cuda.jit(device=True)
+def _label_at(label, o, k, C, ignore_label, has_ignore):
+    """-1: ignored; -2: bad; else the class index (truncated, as Caffe's static_cast<int>)."""
+    v = label[o, k]
+    if not (v > -4.0e18 and v < 4.0e18):        # NaN, inf, absurd
+        return -2
+    li = int(v)
+    if has_ignore and li == ignore_label:
+        return -1
+    if li < 0 or li >= C:
+        return -2
+    return li
+
+
+@cuda.jit(device=True)
+def _block_add(red, tid, loss, count, out):
+    """Sum (loss, count) over the block (red: (2, LOSS_THREADS) float64 shared) and add the
+    block's total into out[0], out[1] with one atomic each."""
+    red[0, tid] = loss
+    red[1, tid] = count
+    cuda.syncthreads()
+    s = LOSS_THREADS // 2
+    while s > 0:
+        if tid < s:
+            red[0, tid] += red[0, tid + s]
+            red[1, tid] += red[1, tid + s]
+        cuda.syncthreads()
+        s //= 2
+    if tid == 0:
+        cuda.atomic.add(out, 0, red[0, 0])
+        cuda.atomic.add(out, 1, red[1, 0])
+
+
+@cuda.jit
+def _loss_fwd(prob, label, ignore_label, has_ignore, out):
+    """Thread t (grid-stride) -> position (o, k): -log(max(prob[o, label, k], FLT_MIN)) into a
+    per-thread float64 partial; block-reduced; out = [loss, count, first bad position]."""
+    outer, C, inner = prob.shape
+    red = cuda.shared.array((2, LOSS_THREADS), dtype=np.float64)
+    tid = cuda.threadIdx.x
+    loss = 0.0
+    count = 0.0
+    t = cuda.grid(1)
+    while t < outer * inner:
+        o = t // inner
+        k = t - o * inner
+        li = _label_at(label, o, k, C, ignore_label, has_ignore)
+        if li == -2:
+            cuda.atomic.min(out, 2, float(t))
+        elif li >= 0:
+            loss -= math.log(max(float(prob[o, li, k]), FLT_MIN))
+            count += 1.0
+        t += cuda.gridsize(1)
+    _block_add(red, tid, loss, count, out)
+
+
+@cuda.jit
+def _xent_fwd(x, label, ignore_label, has_ignore, prob, out):
+    """Fused softmax + cross-entropy.  Thread t (grid-stride) -> position (o, k): max, sum of
+    exps, prob written, and the loss at the label computed as log(sum) - (x[label] - max) --
+    exact where prob underflows -- clamped like Caffe's at -log(FLT_MIN)."""
+    outer, C, inner = x.shape
+    red = cuda.shared.array((2, LOSS_THREADS), dtype=np.float64)
+    tid = cuda.threadIdx.x
+    loss = 0.0
+    count = 0.0
+    cap = -math.log(FLT_MIN)
+    t = cuda.grid(1)
+    while t < outer * inner:
+        o = t // inner
+        k = t - o * inner
+        m = x[o, 0, k]
+        for c in range(1, C):
+            m = max(m, x[o, c, k])
+        s = prob.dtype.type(0)
+        for c in range(C):
+            e = math.exp(x[o, c, k] - m)
+            prob[o, c, k] = e
+            s += e
+        r = 1 / s
+        for c in range(C):
+            prob[o, c, k] *= r
+        li = _label_at(label, o, k, C, ignore_label, has_ignore)
+        if li == -2:
+            cuda.atomic.min(out, 2, float(t))
+        elif li >= 0:
+            loss += min(math.log(float(s)) - float(x[o, li, k] - m), cap)
+            count += 1.0
+        t += cuda.gridsize(1)
+    _block_add(red, tid, loss, count, out)
+
+
+@cuda.jit
+def _loss_bwd(prob, label, ignore_label, has_ignore, scale, dx):
+    """Thread t (grid-stride) -> element (o, c, k) of dx in its flat order (coalesced):
+    scale * (prob - [c == label]), 0 where ignored, NaN where the label is bad."""
+    outer, C, inner = prob.shape
+    t = cuda.grid(1)
+    while t < prob.size:
+        k = t % inner
+        c = (t // inner) % C
+        o = t // (inner * C)
+        li = _label_at(label, o, k, C, ignore_label, has_ignore)
+        if li == -1:
+            dx[o, c, k] = 0
+        elif li == -2:
+            dx[o, c, k] = math.nan
+        elif c == li:
+            dx[o, c, k] = scale * (prob[o, c, k] - 1)
+        else:
+            dx[o, c, k] = scale * prob[o, c, k]
+        t += cuda.gridsize(1)
+
+
+# -- wrappers --------------------------------------------------------------------------------------------
+def _check3(*arrays):
+    for a in arrays:
+        if a.ndim != 3 or tuple(a.shape) != tuple(arrays[0].shape):
+            raise ValueError(f"softmax: arrays must be (outer, C, inner) of one shape, got "
+                             f"{[tuple(b.shape) for b in arrays]}")
+    return arrays[0].shape
+
+
+def _as_label(prob, label):
+    outer, C, inner = prob.shape
+    if label.size != outer * inner:
+        raise ValueError(f"softmax loss: label has {label.size} elements, prob {tuple(prob.shape)} "
+                         f"needs outer*inner = {outer * inner}")
+    return label.reshape(outer, inner)
+
+
+def softmax_fwd_v1_thread(L, x, y):
+    outer, C, inner = _check3(x, y)
+    if x.size:
+        L.launch(_fwd_thread, L.blocks(outer * inner), L.config.threads, x, y)
+
+
+def softmax_bwd_v1_thread(L, y, dy, dx):
+    outer, C, inner = _check3(y, dy, dx)
+    if y.size:
+        L.launch(_bwd_thread, L.blocks(outer * inner), L.config.threads, y, dy, dx)
+
+
+def softmax_fwd_v2_block(L, x, y):
+    outer, C, inner = _check3(x, y)
+    R = L.config.row_threads
+    if x.size:
+        L.launch(make_block_kernels(R)[0], L.blocks(outer * inner, 1), R, x, y)
+
+
+def softmax_bwd_v2_block(L, y, dy, dx):
+    outer, C, inner = _check3(y, dy, dx)
+    R = L.config.row_threads
+    if y.size:
+        L.launch(make_block_kernels(R)[1], L.blocks(outer * inner, 1), R, y, dy, dx)
+
+
+def softmax_fwd_v3_auto(L, x, y):
+    (softmax_fwd_v2_block if x.shape[2] == 1 else softmax_fwd_v1_thread)(L, x, y)
+
+
+def softmax_bwd_v3_auto(L, y, dy, dx):
+    (softmax_bwd_v2_block if y.shape[2] == 1 else softmax_bwd_v1_thread)(L, y, dy, dx)
+
+
+def _finish(L, out, prob, label):
+    """The one device->host copy: (loss, count, first bad position)."""
+    loss, count, bad = L.to_host(out)
+    if bad != np.inf:
+        inner = prob.shape[2]
+        o, k = divmod(int(bad), inner)
+        raise ValueError(_bad_label_message(L.to_host(label[o, k:k + 1])[0].item(), o, k, prob.shape[1]))
+    return float(loss), int(count)
+
+
+def _loss_out(L):
+    out = L.xp.zeros(3, dtype=np.float64)
+    out[2] = np.inf                         # a fill on the device, not a copy
+    return out
+
+
+def softmax_loss_fwd_v1_thread(L, prob, label, ignore_label, has_ignore):
+    outer, C, inner = _check3(prob)
+    label = _as_label(prob, label)
+    out = _loss_out(L)
+    if prob.size:
+        L.launch(_loss_fwd, L.blocks(outer * inner, LOSS_THREADS), LOSS_THREADS, prob, label,
+                 int(ignore_label), bool(has_ignore), out)
+    return _finish(L, out, prob, label)
+
+
+def softmax_xent_fwd_v1_fused(L, x, label, ignore_label, has_ignore, prob):
+    outer, C, inner = _check3(x, prob)
+    label = _as_label(prob, label)
+    out = _loss_out(L)
+    if x.size:
+        L.launch(_xent_fwd, L.blocks(outer * inner, LOSS_THREADS), LOSS_THREADS, x, label,
+                 int(ignore_label), bool(has_ignore), prob, out)
+    return _finish(L, out, prob, label)
+
+
+def softmax_loss_bwd_v1_thread(L, prob, label, ignore_label, has_ignore, scale, dx):
+    outer, C, inner = _check3(prob, dx)
+    label = _as_label(prob, label)
+    if prob.size:
+        L.launch(_loss_bwd, L.blocks(prob.size), L.config.threads, prob, label, int(ignore_label),
+                 bool(has_ignore), L.scalar(scale, dx.dtype), dx)
+
+
+VERSIONS = {
+    "softmax_fwd": {"v1_thread": softmax_fwd_v1_thread, "v2_block": softmax_fwd_v2_block,
+                    "v3_auto": softmax_fwd_v3_auto},
+    "softmax_bwd": {"v1_thread": softmax_bwd_v1_thread, "v2_block": softmax_bwd_v2_block,
+                    "v3_auto": softmax_bwd_v3_auto},
+    "softmax_loss_fwd": {"v1_thread": softmax_loss_fwd_v1_thread},
+    "softmax_loss_bwd": {"v1_thread": softmax_loss_bwd_v1_thread},
+    "softmax_xent_fwd": {"v1_fused": softmax_xent_fwd_v1_fused},
+}
+DEFAULTS = {"softmax_fwd": "v3_auto", "softmax_bwd": "v3_auto", "softmax_loss_fwd": "v1_thread",
+            "softmax_loss_bwd": "v1_thread", "softmax_xent_fwd": "v1_fused"}
+
+softmax_fwd = VERSIONS["softmax_fwd"][DEFAULTS["softmax_fwd"]]
+softmax_bwd = VERSIONS["softmax_bwd"][DEFAULTS["softmax_bwd"]]
+softmax_loss_fwd = VERSIONS["softmax_loss_fwd"][DEFAULTS["softmax_loss_fwd"]]
+softmax_loss_bwd = VERSIONS["softmax_loss_bwd"][DEFAULTS["softmax_loss_bwd"]]
+softmax_xent_fwd = VERSIONS["softmax_xent_fwd"][DEFAULTS["softmax_xent_fwd"]]
+
+
+def use(version):
+    """Bind every softmax kernel that has ``version`` to it (or "default")."""
+    _versions.rebind(globals(), VERSIONS, DEFAULTS, version)

@@ -1,0 +1,32 @@
+"""The ``cudasim`` backend: the GPU backend's kernels run by numba's CUDA simulator, on numpy arrays.
+
+Every ``@cuda.jit`` kernel of ``kernels/cuda`` runs here exactly as written -- each CUDA thread a
+Python thread, shared memory and ``syncthreads`` emulated -- so the ordinary test run checks the
+GPU code path on a machine with no GPU.  It proves correctness, not speed: a launch costs about a
+millisecond per simulated thread, so the launcher starts few of them (kernels grid-stride).
+
+What differs from ``cuda`` (and nothing else does): blobs are numpy arrays, and kernels are
+handed numpy arrays wrapped as the simulator's device arrays.  ``to_host``/``from_host`` copy,
+as they must on a GPU, and are counted in ``transfers``.
+
+Selected by ``set_mode("cudasim")``, or by ``set_mode_gpu()`` when ``NUMBA_ENABLE_CUDASIM=1``.
+Asking for it before anything imported ``numba.cuda`` switches numba to its simulator for the
+rest of the process (see ``_gpu.py``).
+"""
+from . import _gpu
+
+_gpu.require("cudasim")
+
+import numpy as np  # noqa: E402
+
+from kernels.cuda import _launch  # noqa: E402
+
+name = "cudasim"
+xp = np
+_L = _launch.launcher(simulator=True)
+#: host<->device copies made through to_host / from_host (counts and bytes; ``.reset()``)
+transfers = _L.transfers
+to_host = _L.to_host
+from_host = _L.from_host
+synchronize = _L.synchronize
+globals().update(_gpu.bind(_L))
