@@ -1,0 +1,283 @@
+"""When is each buffer of a net used?  The schedule of one training iteration, step by step.
+
+One iteration of a net with L layers is 2L *steps*::
+
+    step i          = forward of layer i               (i = 0 .. L-1)
+    step 2L-1-i     = backward of layer i              (only if the layer needs backward)
+
+A *buffer* is one flat array the planner may place: a blob's data, a blob's diff, or a layer's
+scratch array (Convolution's im2col columns, Pooling's argmax mask).  Its *lifetime* is a list of
+step intervals ``[(first, last), ...]``: the contents written at ``first`` must survive until
+``last``.  Two buffers whose lifetimes do not intersect may share memory.
+
+The rules (conservative on purpose; ``tests/test_memory.py`` poisons every byte that is not live
+and checks that training gives the same numbers):
+
+- a blob's **data** is live from the forward of the first layer that touches it to the last step
+  that reads it: the forward of every layer that has it as a bottom or a top, and the backward
+  of every such layer *that reads data in backward*.  Most layers do (ReLU reads its bottom,
+  Sigmoid its top, LRN both), so that is the default; ``BACKWARD_READS`` lists the layer types
+  known to read less (InnerProduct reads only its bottom; Max pooling reads neither: it keeps an
+  argmax mask).  Without this table nothing could share memory at the turn from forward to
+  backward, where every activation is still live.
+- a blob's **diff** is live from the backward of its last consumer to the backward of its
+  producer (the layers that run backward and have it as a top, or as a bottom they propagate to).
+- **persistent** (live at every step, and across iterations): the net's inputs and outputs (the
+  user writes the first before ``forward`` and reads the second after it), the diffs of loss tops
+  (they hold the loss weight, written once at setup), parameters, their gradients, solver history.
+- a layer's **scratch** lives for one call (span ``"call"``: written and read inside the same
+  forward or backward) or from the layer's forward to its backward (span ``"layer"``:
+  Convolution leaves im2col's columns for its backward to reuse; Pooling keeps its argmax mask).
+
+In place computation (a top named like its bottom) is one Blob, so one buffer whose uses are the
+union of both roles.  Blobs that share storage some other way (``share_data``) are found by
+identity of their storage and planned as one buffer.
+"""
+import numpy as np
+
+#: layer type -> which blobs' *data* its backward reads: "bottom", "top", "both" or "none".
+#: Types not listed are assumed to read both (safe).  Verified by the poison test.
+BACKWARD_READS = {
+    "Convolution": "bottom",      # dW = dy (x)^T needs x; dx = W^T dy needs no data
+    "Deconvolution": "bottom",
+    "InnerProduct": "bottom",
+    "Pooling": "none",            # MAX keeps its argmax mask (planned as scratch), AVE needs nothing
+    "Split": "none",
+    "Flatten": "none",
+    "Reshape": "none",
+    "Concat": "none",
+    "Slice": "none",
+    "Silence": "none",
+    "Dropout": "none",            # keeps its mask
+    "SoftmaxWithLoss": "bottom",  # the labels (bottom 1); the probabilities are kept inside
+    "ReLU": "bottom",             # in place, bottom and top are one blob anyway
+}
+
+#: span of scratch whose attribute names the planner knows, until layers expose
+#: ``scratch_buffers()`` themselves (see docs/PARALLEL.md, "What the layers could expose").
+#: layer type -> [(attribute, kind, span)]; kind "scratch" is convolution.py's ``_Scratch``
+#: (a ``.buf`` flat array grown on demand), "array" a flat array attribute.
+KNOWN_SCRATCH = {
+    "Convolution": [("_col", "scratch", "layer"), ("_out", "scratch", "call")],
+    "Deconvolution": [("_col", "scratch", "layer"), ("_out", "scratch", "layer"), ("_xm", "scratch", "layer")],
+    "Pooling": [("_mask", "array", "layer")],
+}
+
+
+class Buffer:
+    """One flat array the planner places.
+
+    ``intervals``: list of (first step, last step), inclusive; ``None`` means persistent.
+    ``attach(flat)``: hands the placed storage (a flat array of ``count`` elements) to its owner.
+    """
+
+    __slots__ = ("name", "category", "count", "dtype", "intervals", "attach", "offset", "blobs")
+
+    def __init__(self, name, category, count, dtype, intervals, attach, blobs=()):
+        self.name, self.category = name, category
+        self.count, self.dtype = int(count), np.dtype(dtype)
+        self.intervals = intervals
+        self.attach = attach
+        self.offset = None
+        self.blobs = tuple(blobs)
+
+    @property
+    def nbytes(self):
+        return self.count * self.dtype.itemsize
+
+    @property
+    def persistent(self):
+        return self.intervals is None
+
+    def live_at(self, step):
+        if self.intervals is None:
+            return True
+        return any(a <= step <= b for a, b in self.intervals)
+
+    def overlaps(self, other):
+        """Do the two lifetimes share a step?"""
+        if self.intervals == [] or other.intervals == []:
+            return False                        # never used: conflicts with nothing
+        if self.intervals is None or other.intervals is None:
+            return True
+        return any(a <= d and c <= b for a, b in self.intervals for c, d in other.intervals)
+
+    def __repr__(self):
+        return (f"Buffer({self.name!r}, {self.category}, {self.count} x {self.dtype.name}, "
+                f"{'persistent' if self.intervals is None else self.intervals}, offset={self.offset})")
+
+
+def steps(net):
+    """(number of steps, forward step of layer i, backward step of layer i) of one iteration."""
+    L = len(net.layers)
+    return 2 * L, (lambda i: i), (lambda i: 2 * L - 1 - i)
+
+
+def _interval(uses):
+    return [(min(uses), max(uses))] if uses else []
+
+
+def recompute_columns(layer):
+    """Make a Convolution/Deconvolution layer forget its im2col columns after forward, so that
+    backward recomputes them (Caffe's behaviour) and the column buffer lives for one call only.
+
+    minicaffe's Convolution keeps the columns from forward to backward (one im2col saved per
+    step, at the price of a buffer live through the whole iteration).  This wraps the layer's
+    ``forward`` to clear its column key afterwards; a layer option would be cleaner (see
+    docs/PARALLEL.md).  Results are unchanged (the poison test checks it).
+    """
+    if getattr(layer, "_recomputes_columns", False) or not hasattr(layer, "_col_key"):
+        return False
+    forward = layer.forward
+
+    def forward_then_forget(bottom, top):
+        forward(bottom, top)
+        layer._col_key = None
+    layer.forward = forward_then_forget
+    layer._recomputes_columns = True
+    return True
+
+
+def layer_scratch(layer):
+    """[(name, current flat array or None, attach(flat), span)] for the layer's scratch arrays.
+
+    A layer may describe its own scratch with ``scratch_buffers()`` returning
+    ``[(name, array, attach, span)]``; otherwise the attributes in ``KNOWN_SCRATCH`` are used.
+    """
+    own = getattr(layer, "scratch_buffers", None)
+    if callable(own):
+        return list(own())
+    out = []
+    for attr, kind, span in KNOWN_SCRATCH.get(layer.type, ()):
+        if attr == "_col" and getattr(layer, "_recomputes_columns", False):
+            span = "call"
+        obj = getattr(layer, attr, None)
+        if obj is None:
+            continue
+        if kind == "scratch":
+            if not hasattr(obj, "buf"):
+                continue
+            out.append((attr, obj.buf, (lambda flat, o=obj: setattr(o, "buf", flat)), span))
+        elif isinstance(obj, np.ndarray) and obj.ndim == 1:
+            out.append((attr, obj, (lambda flat, l=layer, a=attr: setattr(l, a, flat)), span))
+    return out
+
+
+def _storage_key(blob, which):
+    buf = blob._data_buf if which == "data" else blob._diff_buf
+    return id(buf)
+
+
+def net_buffers(net, params=True):
+    """Every buffer of ``net`` with its lifetime (see the module docstring).
+
+    ``params``: include the parameters and their gradients (two persistent flat buffers);
+    replicas of a data-parallel run leave them out (they are shared, see minicaffe.parallel).
+    Scratch sizes are what the layers hold now: run the net once first (``dry_run``).
+    """
+    n_steps, fwd, bwd = steps(net)
+    param_ids = set()
+    for layer in net.layers:
+        for b in layer.blobs:
+            param_ids.add(id(b))
+    persistent_data = set(net.inputs) | set(net.outputs)
+    loss_diff = {}                              # id(blob) -> loss weight
+    for li, layer in enumerate(net.layers):
+        for w, t in zip(layer.loss_weights, net._tops[li]):
+            if w:
+                loss_diff[id(t)] = w
+
+    # group blobs by storage (in place = the same Blob; share_data = the same buffer object)
+    groups = {"data": {}, "diff": {}}
+    for name, blob in zip(net._blob_names, net._blob_list):
+        if id(blob) in param_ids:
+            continue
+        for which in ("data", "diff"):
+            groups[which].setdefault(_storage_key(blob, which), []).append((name, blob))
+
+    uses = {"data": {}, "diff": {}}
+    for li, layer in enumerate(net.layers):
+        reads = BACKWARD_READS.get(layer.type, "both")
+        runs_bw = net.layer_need_backward[li]
+        for role, blobs in (("bottom", net._bottoms[li]), ("top", net._tops[li])):
+            for j, blob in enumerate(blobs):
+                dk, gk = _storage_key(blob, "data"), _storage_key(blob, "diff")
+                uses["data"].setdefault(dk, set()).add(fwd(li))
+                if runs_bw:
+                    if reads == "both" or reads == role:
+                        uses["data"][dk].add(bwd(li))
+                    if role == "top" or net.bottom_need_backward[li][j]:
+                        uses["diff"].setdefault(gk, set()).add(bwd(li))
+
+    buffers = []
+    for which in ("data", "diff"):
+        for key, members in groups[which].items():
+            names = [n for n, _ in members]
+            blobs = [b for _, b in members]
+            count = max(b.count for b in blobs)
+            if which == "data":
+                persistent = any(n in persistent_data for n in names)
+            else:
+                persistent = any(id(b) in loss_diff for b in blobs)
+            intervals = None if persistent else _interval(uses[which].get(key, ()))
+            category = "activations" if which == "data" else "activation diffs"
+
+            def attach(flat, blobs=blobs, which=which):
+                for b in blobs:
+                    if which == "data":
+                        b.attach(flat, b._diff_buf)
+                    else:
+                        b.attach(b._data_buf, flat)
+                    if which == "diff" and id(b) in loss_diff:
+                        b.flat_diff[...] = loss_diff[id(b)]
+            buffers.append(Buffer(f"{'='.join(dict.fromkeys(names))}.{which}", category, count,
+                                  blobs[0].dtype, intervals, attach, blobs))
+
+    for li, layer in enumerate(net.layers):
+        runs_bw = net.layer_need_backward[li]
+        for name, arr, attach, span in layer_scratch(layer):
+            if arr is None or arr.size == 0:
+                continue
+            if span == "call":
+                intervals = [(fwd(li), fwd(li))] + ([(bwd(li), bwd(li))] if runs_bw else [])
+            else:
+                intervals = [(fwd(li), bwd(li) if runs_bw else fwd(li))]
+            buffers.append(Buffer(f"{layer.name}:{name}", "layer scratch", arr.size, arr.dtype,
+                                  intervals, attach))
+
+    if params:
+        from .flat import ParamLayout
+        layout = ParamLayout(net)
+        if layout.count:
+            buffers.append(Buffer("params", "params", layout.count, net.dtype, None, layout.attach_data))
+            buffers.append(Buffer("param diffs", "param diffs", layout.count, net.dtype, None,
+                                  layout.attach_diff))
+    return buffers
+
+
+def unplanned_bytes(net, buffers):
+    """Bytes the layers hold that no buffer covers (internal blobs and arrays: SoftmaxWithLoss's
+    probabilities, LRN's scale, Dropout's mask...): counted in the report, not placed."""
+    planned = set()
+    for layer in net.layers:
+        for _, arr, _, _ in layer_scratch(layer):
+            if arr is not None:
+                planned.add(id(arr))
+    total, seen = 0, set()
+    from ..blob import Blob
+    for layer in net.layers:
+        params = {id(b) for b in layer.blobs}
+        for value in vars(layer).values():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            for v in items:
+                if isinstance(v, Blob) and id(v) not in params and id(v) not in seen:
+                    seen.add(id(v))
+                    total += v._data_buf.nbytes + v._diff_buf.nbytes
+                elif isinstance(v, np.ndarray) and id(v) not in planned and id(v) not in seen:
+                    seen.add(id(v))
+                    total += v.nbytes
+                elif hasattr(v, "buf") and isinstance(getattr(v, "buf"), np.ndarray) \
+                        and id(v.buf) not in planned and id(v.buf) not in seen:
+                    seen.add(id(v.buf))
+                    total += v.buf.nbytes
+    return total

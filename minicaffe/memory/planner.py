@@ -1,0 +1,228 @@
+"""Placing buffers in one arena: greedy by size, first fit in the address space.
+
+Given buffers with lifetimes (minicaffe.memory.lifetimes), choose an offset for each so that two
+buffers whose lifetimes share a step never share a byte.  The classic heuristic (used by the
+memory planners of TensorFlow Lite and MXNet): take the buffers largest first; put each at the
+lowest offset where it overlaps, in memory, no already-placed buffer that is live at the same
+time.  Persistent buffers conflict with everything, so they end up side by side.
+
+    plan = plan_net(net)          # lifetimes + offsets; runs the net once to size scratch
+    plan.allocate()               # one np.uint8 arena, every blob attached to its slice
+    plan.poison(step)             # fill the bytes no buffer needs at `step` with 0xFF (NaN)
+
+The *peak* (the most bytes live at any one step) is a lower bound for any placement; the arena
+size is what this one achieves.
+"""
+import numpy as np
+
+from ..errors import MinicaffeError
+from .lifetimes import net_buffers, recompute_columns, steps, unplanned_bytes
+
+ALIGN = 64      # bytes: a cache line, and what numpy's own allocations give
+
+
+def align_up(n, a=ALIGN):
+    return (n + a - 1) // a * a
+
+
+def place(buffers, align=ALIGN):
+    """Set ``buffer.offset`` for each buffer; return the arena size in bytes."""
+    placed = []
+    for buf in sorted(buffers, key=lambda b: (-b.nbytes, b.name)):
+        size = align_up(buf.nbytes, align)
+        busy = sorted((o.offset, o.offset + align_up(o.nbytes, align)) for o in placed if o.overlaps(buf))
+        offset = 0
+        for start, end in busy:
+            if offset + size <= start:
+                break
+            offset = max(offset, end)
+        buf.offset = offset
+        placed.append(buf)
+    return max((b.offset + align_up(b.nbytes, align) for b in buffers), default=0)
+
+
+def peak_bytes(buffers, n_steps):
+    """The most bytes live at any step: no placement can use less."""
+    return max((sum(b.nbytes for b in buffers if b.live_at(t)) for t in range(n_steps)), default=0)
+
+
+def dry_run(net):
+    """Run one forward/backward so that layers allocate their scratch, then undo its effects:
+    parameters (BatchNorm's running sums live there), data readers' positions, the global RNG,
+    input blobs and parameter gradients are as before."""
+    from ..rng import get_rng
+    params = [p.flat_data.copy() for p in net.learnable_params]
+    inputs = {name: net.blobs[name].flat_data.copy() for name in net.inputs}
+    states = {i: layer.state_dict() for i, layer in enumerate(net.layers) if hasattr(layer, "state_dict")}
+    gen = get_rng().bit_generator
+    rng_state = gen.state
+    try:
+        net.forward_backward()
+    finally:
+        for p, v in zip(net.learnable_params, params):
+            p.flat_data[...] = v
+        for name, v in inputs.items():
+            net.blobs[name].flat_data[...] = v
+        for i, state in states.items():
+            net.layers[i].load_state_dict(state)
+        gen.state = rng_state
+        net.clear_param_diffs()
+
+
+class Arena:
+    """One allocation carved into sections: ``reserve(nbytes)`` -> offset, then ``allocate()``."""
+
+    def __init__(self):
+        self.size = 0
+        self.buffer = None
+
+    def reserve(self, nbytes):
+        offset = self.size
+        self.size += align_up(int(nbytes))
+        return offset
+
+    def allocate(self):
+        self.buffer = np.empty(self.size, dtype=np.uint8)
+        return self.buffer
+
+    def view(self, offset, count, dtype):
+        """A flat array of ``count`` elements of ``dtype`` at byte ``offset``."""
+        dtype = np.dtype(dtype)
+        return self.buffer[offset:offset + count * dtype.itemsize].view(dtype)
+
+
+class NetPlan:
+    """The placed buffers of one net: ``buffers`` (offsets relative to the plan's section),
+    ``size`` (bytes), ``peak`` (bytes live at the busiest step), ``naive`` (bytes with one
+    allocation per buffer), ``unplanned`` (bytes layers keep for themselves)."""
+
+    def __init__(self, net, buffers, unplanned=0):
+        self.net = net
+        self.buffers = buffers
+        self.n_steps = steps(net)[0]
+        self.size = place(buffers)
+        self.peak = peak_bytes(buffers, self.n_steps)
+        self.naive = sum(b.nbytes for b in buffers)
+        self.unplanned = unplanned
+        self.arena, self.base = None, 0
+        self._dead = None
+
+    def check(self):
+        """No two buffers that are live at the same step share a byte (the planner's invariant)."""
+        bufs = sorted(self.buffers, key=lambda b: b.offset)
+        for i, a in enumerate(bufs):
+            for b in bufs[i + 1:]:
+                if b.offset >= a.offset + a.nbytes:
+                    break
+                if a.overlaps(b) and a.nbytes and b.nbytes:
+                    raise MinicaffeError(f"memory plan: {a.name} and {b.name} are live together and overlap")
+
+    def attach(self, arena, base):
+        """Give every buffer its slice of ``arena`` (which has this plan's ``size`` bytes at ``base``)."""
+        self.arena, self.base = arena, base
+        for b in self.buffers:
+            b.attach(arena.view(base + b.offset, b.count, b.dtype))
+        self._dead = None
+
+    def allocate(self):
+        """A private arena for this plan alone; returns it."""
+        arena = Arena()
+        base = arena.reserve(self.size)
+        arena.allocate()
+        self.attach(arena, base)
+        return arena
+
+    def by_category(self):
+        out = {}
+        for b in self.buffers:
+            n, total = out.get(b.category, (0, 0))
+            out[b.category] = (n + 1, total + b.nbytes)
+        return out
+
+    # -- poison: prove that no live buffer is overwritten --------------------------------------
+    def dead_ranges(self, step):
+        """Byte ranges of this plan's section that no buffer needs at ``step``."""
+        if self._dead is None:
+            self._dead = {}
+        if step not in self._dead:
+            live = sorted((b.offset, b.offset + b.nbytes) for b in self.buffers if b.live_at(step) and b.nbytes)
+            ranges, pos = [], 0
+            for start, end in live:
+                if start > pos:
+                    ranges.append((pos, start))
+                pos = max(pos, end)
+            if pos < self.size:
+                ranges.append((pos, self.size))
+            self._dead[step] = ranges
+        return self._dead[step]
+
+    def poison(self, step):
+        """Fill every byte not live at ``step`` with 0xFF: NaN as a float, -1 as an integer."""
+        buf = self.arena.buffer
+        for start, end in self.dead_ranges(step):
+            buf[self.base + start:self.base + end] = 0xFF
+
+    def forward_backward_poisoned(self):
+        """One iteration of the net, poisoning the dead bytes before every step; returns the loss."""
+        net = self.net
+        _, fwd, bwd = steps(net)
+        loss = 0.0
+        for i, layer in enumerate(net.layers):
+            self.poison(fwd(i))
+            loss += layer.forward_loss(net._bottoms[i], net._tops[i])
+        for i in range(len(net.layers) - 1, -1, -1):
+            if net.layer_need_backward[i]:
+                self.poison(bwd(i))
+                net.layers[i].backward(net._tops[i], net.bottom_need_backward[i], net._bottoms[i])
+        return loss
+
+
+def plan_net(net, params=True, run_first=True, recompute=False, extra=()):
+    """Lifetimes and offsets of every buffer of ``net`` (nothing is attached yet).
+
+    ``run_first``: run the net once (``dry_run``) so that scratch arrays have their sizes.
+    ``params``: plan the parameters and gradients too (as two flat vectors).
+    ``recompute``: let convolutions recompute im2col in backward instead of keeping the columns
+    (less memory, one more im2col per layer per step; see lifetimes.recompute_columns).
+    """
+    if recompute:
+        for layer in net.layers:
+            recompute_columns(layer)
+    if run_first:
+        dry_run(net)
+    buffers = net_buffers(net, params=params) + list(extra)
+    plan = NetPlan(net, buffers, unplanned_bytes(net, buffers))
+    plan.check()
+    return plan
+
+
+def plan_memory(net, params=True, recompute=False):
+    """Plan ``net`` and move it into a fresh arena; returns the NetPlan (``plan.arena``)."""
+    plan = plan_net(net, params=params, recompute=recompute)
+    plan.allocate()
+    return plan
+
+
+def history_buffers(solver):
+    """The solver's history (momentum, Adam's moments...) as persistent flat buffers."""
+    from .flat import ParamLayout
+    from .lifetimes import Buffer
+    layout = ParamLayout(solver.net)
+    out = []
+    for name, hist in zip(solver.history_names, solver.history):
+        def attach(flat, hist=hist):
+            for i, arr in enumerate(hist):
+                view = layout.slice(flat, i).reshape(arr.shape)
+                view[...] = arr
+                hist[i] = view
+        out.append(Buffer(f"solver {name}", "solver history", layout.count, solver.net.dtype, None, attach))
+    return out
+
+
+def plan_solver(solver, recompute=False):
+    """Plan the solver's training net, its parameters, gradients and history in one arena."""
+    plan = plan_net(solver.net, params=True, recompute=recompute, extra=history_buffers(solver))
+    plan.allocate()
+    for net in solver.test_nets:
+        net.share_with(solver.net)
+    return plan

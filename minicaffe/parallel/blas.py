@@ -1,0 +1,71 @@
+"""How many threads BLAS may use, set at run time without threadpoolctl.
+
+N worker threads that each call a BLAS running T threads make N*T threads on the cores: with
+more threads than cores, OpenBLAS's spinning threads slow everything down (on a loaded 2-core
+machine a LeNet step went from 34 ms to 300 ms).  So a data-parallel run sets T = cores // N.
+
+OpenBLAS reads ``OPENBLAS_NUM_THREADS`` once, when numpy loads it; after that only its C function
+``openblas_set_num_threads`` changes the count (for the whole process).  numpy's wheels ship
+OpenBLAS under a prefixed name (``scipy_openblas_set_num_threads64_``), so we find the library
+numpy loaded in /proc/self/maps and call whichever name it exports, with ctypes.  threadpoolctl
+does the same for every BLAS and OpenMP runtime; minicaffe only needs OpenBLAS's two functions, so
+it does not depend on it.  Where no OpenBLAS is found (macOS Accelerate, MKL) ``set_threads``
+returns False and the caller should set the environment variable before numpy loads.
+"""
+import ctypes
+import os
+import re
+
+_NAMES = (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
+          ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
+          ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
+          ("openblas_set_num_threads", "openblas_get_num_threads"))
+_lib = {"loaded": False, "set": None, "get": None, "path": None}
+
+
+def _load():
+    if _lib["loaded"]:
+        return _lib
+    _lib["loaded"] = True
+    import numpy  # noqa: F401  (loads its BLAS)
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", f.read())))
+    except OSError:
+        paths = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for set_name, get_name in _NAMES:
+            if hasattr(lib, set_name) and hasattr(lib, get_name):
+                _lib["set"], _lib["get"] = getattr(lib, set_name), getattr(lib, get_name)
+                _lib["set"].argtypes, _lib["set"].restype = [ctypes.c_int], None
+                _lib["get"].argtypes, _lib["get"].restype = [], ctypes.c_int
+                _lib["path"] = path
+                return _lib
+    return _lib
+
+
+def get_threads():
+    """OpenBLAS's thread count now, or None where no OpenBLAS was found."""
+    lib = _load()
+    return lib["get"]() if lib["get"] else None
+
+
+def set_threads(n):
+    """Let BLAS use ``n`` threads (process-wide); False where it cannot be set at run time."""
+    lib = _load()
+    if not lib["set"]:
+        return False
+    lib["set"](max(1, int(n)))
+    return True
+
+
+def cores():
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

@@ -1,0 +1,396 @@
+"""SingleCaffe in one process: a parameter-server thread and N worker threads.
+
+Who does what, every iteration c (a *clock*: one global batch)::
+
+    server (the thread that calls solve/step: it owns the Solver)
+        fetch the global batch c from the Data layer's reader     -> batches[c]
+        wait until the N workers are done with c
+        G  = sum_k  (b_k / B) G_k[c]           one dot over the flat gradient vectors
+        the Solver's own update: lr policy, clipping, weight decay, momentum/Adam..., W -= step
+        applied = c + 1; wake the workers
+    worker k (a thread, its own replica net of batch b_k, its own activations)
+        wait until batch c is there and applied >= c - s      (s = staleness; 0 = BSP)
+        copy its slice [lo_k, hi_k) of batch c into its Input blobs
+        G_k[c] = 0; forward; backward                         (reads W, writes only G_k)
+
+Memory: every replica's parameter blobs are views of *one* flat vector W (read-only to workers;
+only the server writes it); each worker writes its own gradient vector G_k, so gradients are
+aggregated without a lock: no two threads ever write the same bytes.  W, G, the solver's history,
+the workers' gradient slots and every net's planned activations are sections of one arena.
+
+Threads run at the same time because the heavy work releases the GIL: numba kernels are compiled
+with nogil=True, numpy's BLAS calls and ufuncs release it.  BLAS threads are set to cores // N
+so N workers do not oversubscribe the cores (see blas.py).
+
+BSP (s = 0): worker k computes clock c from the parameters after update c-1, exactly as one
+thread on the whole batch would (up to the order of float32 sums).  SSP (s > 0): a worker may
+compute clock c from parameters as old as update c-1-s, so it never waits for a slower worker or
+for the server's update unless it is s clocks ahead; the server still applies one update per
+global batch, in clock order, from all N gradients (so the step size is the one of the solver).
+A worker that reads W while the server writes it may see a mix of two versions (as in Hogwild and
+SingleCaffe's asynchronous mode); BSP never does.
+
+Faults: an exception in a worker stops the run: the server raises WorkerError (a SolverError that
+names the worker and the iteration, chained to the original) and no snapshot is written after it,
+so the last periodic snapshot is the one kept.  Ctrl-C: the first sets ``solver.requested_stop``
+(the iteration finishes, a snapshot is written, threads stop); a second aborts.
+"""
+import signal
+import threading
+import time
+
+import numpy as np
+
+from ..errors import SolverError
+from ..memory.flat import ParamLayout
+from ..memory.planner import Arena, history_buffers, plan_net
+from . import blas
+from .replica import build_replica, shard_bounds
+
+
+class WorkerError(SolverError):
+    """A worker thread raised; ``worker``, ``iteration`` and the original as ``__cause__``."""
+
+    def __init__(self, worker, iteration, error):
+        self.worker, self.iteration, self.error = worker, iteration, error
+        super().__init__(f"worker {worker} failed at iteration {iteration}: "
+                         f"{type(error).__name__}: {error}")
+
+
+class _Stopped(Exception):
+    pass
+
+
+class ParallelTrainer:
+    """Train ``solver``'s net with ``n_workers`` replica threads and this thread as the server.
+
+    ``staleness``: 0 = BSP (the default), s > 0 = SSP with bound s.
+    ``blas_threads``: BLAS threads per process while training (default cores // n_workers).
+    ``recompute``: convolutions recompute im2col in backward (less memory, a little more time).
+    Use ``solve()`` / ``step(n)`` as the Solver's; ``stats()`` says where the time went;
+    ``memory_sections()`` feeds minicaffe.memory.report.
+    """
+
+    def __init__(self, solver, n_workers=2, staleness=0, blas_threads=None, recompute=False, log=None):
+        if n_workers < 1:
+            raise SolverError(f"--workers must be at least 1, got {n_workers}")
+        if staleness < 0:
+            raise SolverError(f"staleness must be >= 0 (0 = BSP), got {staleness}")
+        self.solver, self.n = solver, int(n_workers)
+        self.staleness = int(staleness)
+        self.log = log or solver.log
+        net = solver.net
+        self.data_layers = [(i, layer) for i, layer in enumerate(net.layers)
+                            if layer.type == "Data" and hasattr(layer, "prefetcher")]
+        if not self.data_layers:
+            raise SolverError(f"net '{net.name}' has no Data layer: data-parallel training shards the "
+                              f"batch a Data layer reads (Input/MemoryData nets are not supported)")
+        self.bounds = {}
+        for _, layer in self.data_layers:
+            if layer.batch_size < self.n:
+                raise SolverError(f"{self.n} workers need a batch of at least {self.n}; layer "
+                                  f"'{layer.name}' has batch_size {layer.batch_size}")
+            self.bounds[layer.name] = shard_bounds(layer.batch_size, self.n)
+        first = self.data_layers[0][1]
+        self.batch = first.batch_size
+        self.weights = np.array([(hi - lo) / self.batch for lo, hi in self.bounds[first.name]], net.dtype)
+        self.replicas = [build_replica(solver, self.data_layers,
+                                       {l.name: self.bounds[l.name][k][1] - self.bounds[l.name][k][0]
+                                        for _, l in self.data_layers})
+                         for k in range(self.n)]
+        self.layout = ParamLayout(net)
+        self.rep_layouts = [ParamLayout(r) for r in self.replicas]
+        for r, lay in zip(self.replicas, self.rep_layouts):
+            if lay.counts != self.layout.counts:
+                raise SolverError(f"replica of net '{net.name}' has parameter sizes {lay.counts}, "
+                                  f"the solver's net {self.layout.counts}")
+        self.iter_size = max(1, int(solver.param.iter_size))
+        self.n_slots = (self.staleness + 1) * self.iter_size
+        self._build_arena(recompute)
+        self.blas_threads = blas_threads or max(1, blas.cores() // self.n)
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._threads = []
+        self._installed = False
+        self.timing = {}
+
+    # -- memory ------------------------------------------------------------------------------
+    def _build_arena(self, recompute):
+        solver, net, P = self.solver, self.solver.net, self.layout.count
+        dt = net.dtype
+        # plan every net's activations first (each runs once to size its scratch)
+        self.plans = [("server net", plan_net(net, params=False, recompute=recompute))]
+        self.plans += [(f"worker {k}", plan_net(r, params=False, recompute=recompute))
+                       for k, r in enumerate(self.replicas)]
+        arena = self.arena = Arena()
+        off_w = arena.reserve(P * dt.itemsize)
+        off_g = arena.reserve(P * dt.itemsize)
+        hist = history_buffers(solver)
+        off_h = [arena.reserve(b.nbytes) for b in hist]
+        off_gk = arena.reserve(self.n * self.n_slots * P * dt.itemsize)
+        plan_offsets = [arena.reserve(p.size) for _, p in self.plans]
+        arena.allocate()
+        self.W = arena.view(off_w, P, dt)
+        self.G = arena.view(off_g, P, dt)
+        self.grads = arena.view(off_gk, self.n * self.n_slots * P, dt).reshape(self.n, self.n_slots, P)
+        self.layout.attach_data(self.W)
+        self.layout.attach_diff(self.G)
+        for b, off in zip(hist, off_h):
+            b.attach(arena.view(off, b.count, b.dtype))
+        for k, lay in enumerate(self.rep_layouts):
+            lay.attach_data(self.W, copy=False)
+            lay.attach_diff(self.grads[k, 0])
+        for (_, plan), off in zip(self.plans, plan_offsets):
+            plan.attach(arena, off)
+        for t in solver.test_nets:
+            t.share_with(net)
+        self.param_bytes = {"params": P * dt.itemsize, "param diffs": P * dt.itemsize,
+                            "solver history": sum(b.nbytes for b in hist),
+                            "worker gradients": self.grads.nbytes}
+
+    def memory_summary(self):
+        """{naive, planned, peak, categories}: naive = N+1 separate nets, each with its own
+        parameters, gradients and one allocation per buffer, and the solver's history."""
+        from ..memory.report import summarize
+        s = summarize(self.plans)
+        P = self.param_bytes["params"]
+        nets = self.n + 1
+        cats = dict(s["categories"])
+        cats["params"] = P * nets
+        cats["param diffs"] = P * nets
+        cats["solver history"] = self.param_bytes["solver history"]
+        naive = s["naive"] + 2 * P * nets + self.param_bytes["solver history"]
+        fixed = sum(self.param_bytes.values())
+        return {"naive": naive, "planned": self.arena.size, "peak": s["peak"] + fixed,
+                "unplanned": s["unplanned"], "categories": cats,
+                "sections": [(label, p.size) for label, p in self.plans]}
+
+    # -- the run -------------------------------------------------------------------------------
+    def solve(self, resume_file=None, handle_sigint=True):
+        """The Solver's ``solve``, with the gradients computed by the workers."""
+        if resume_file:
+            self.solver.restore(resume_file)
+        with self._running(self.solver.param.max_iter - self.solver.iter, handle_sigint):
+            self.solver.solve()
+        return self.solver
+
+    def step(self, iters, handle_sigint=False):
+        with self._running(int(iters), handle_sigint):
+            self.solver.step(iters)
+        return self.solver
+
+    def _running(self, iters, handle_sigint):
+        trainer = self
+
+        class _Ctx:
+            def __enter__(self):
+                trainer._install(iters, handle_sigint)
+
+            def __exit__(self, *exc):
+                trainer._uninstall()
+                return False
+        return _Ctx()
+
+    def _install(self, iters, handle_sigint):
+        solver, net = self.solver, self.solver.net
+        self._limit = max(0, iters) * self.iter_size
+        self._iter0 = solver.iter
+        self._clock = 0               # the next clock the server reduces
+        self._fetched = 0             # batches fetched so far
+        self._applied = 0             # clocks whose gradients are in W
+        self._batches, self._done, self._losses, self._outputs = {}, {}, {}, {}
+        self._positions = {}
+        self._error, self._stop = None, False
+        self._used_version = []       # (worker, clock, applied when it started): for the SSP test
+        self.timing = {"server_wait": 0.0, "server_reduce": 0.0, "server_update": 0.0, "server_fetch": 0.0,
+                       "worker_compute": [0.0] * self.n, "worker_wait": [0.0] * self.n,
+                       "worker_copy": [0.0] * self.n, "clocks": 0, "wall": 0.0}
+        self._t_return = None
+        self._saved_blas = blas.get_threads()
+        blas.set_threads(self.blas_threads)
+        net.forward_backward = self._gather                  # the solver's gradient source
+        for _, layer in self.data_layers:
+            layer.state_dict = (lambda layer=layer: self._data_state(layer))
+        solver.on_iteration.insert(0, self._on_iteration)
+        self._previous_sigint = None
+        if handle_sigint and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            def on_sigint(signum, frame):
+                if solver.requested_stop:
+                    raise KeyboardInterrupt
+                solver.requested_stop = True
+                self.log("Interrupted: stopping after this iteration and writing a snapshot "
+                         "(Ctrl-C again to abort)")
+            self._previous_sigint = signal.signal(signal.SIGINT, on_sigint)
+        self._threads = [threading.Thread(target=self._worker, args=(k,), name=f"minicaffe-worker-{k}",
+                                          daemon=True) for k in range(self.n)]
+        self._t0 = time.perf_counter()
+        for t in self._threads:
+            t.start()
+        self._fetch_until(self.staleness * self.iter_size)
+        self.log(f"Training with {self.n} worker thread(s) ({'BSP' if not self.staleness else f'SSP, staleness {self.staleness}'}), "
+                 f"shards {[hi - lo for lo, hi in self.bounds[self.data_layers[0][1].name]]} of the batch of "
+                 f"{self.batch}, BLAS threads {self.blas_threads}")
+
+    def _uninstall(self):
+        solver, net = self.solver, self.solver.net
+        self.timing["wall"] = time.perf_counter() - self._t0
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout=30)
+        self._threads = []
+        net.__dict__.pop("forward_backward", None)
+        for _, layer in self.data_layers:
+            layer.__dict__.pop("state_dict", None)
+            # batches fetched ahead and not used: rewind the reader to the solver's position
+            if self._clock in self._positions and self._fetched > self._clock:
+                layer.prefetcher.load_state_dict(self._positions[self._clock][layer.name])
+                layer.prefetcher.start()
+        if self._on_iteration in solver.on_iteration:
+            solver.on_iteration.remove(self._on_iteration)
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+        if self._saved_blas:
+            blas.set_threads(self._saved_blas)
+
+    def _data_state(self, layer):
+        """The reader position a snapshot taken now must record: that of the next batch the
+        solver will use, not of the batches already fetched ahead for the workers."""
+        clock = (self.solver.iter - self._iter0) * self.iter_size
+        pos = self._positions.get(clock)
+        return dict(pos[layer.name]) if pos is not None else layer.prefetcher.state_dict()
+
+    # -- the server's side ---------------------------------------------------------------------
+    def _fetch_until(self, last):
+        """Fetch global batches up to clock ``last`` (not past the run's end)."""
+        t0 = time.perf_counter()
+        while self._fetched <= last and self._fetched < self._limit:
+            c = self._fetched
+            self._positions[c] = {layer.name: layer.prefetcher.state_dict() for _, layer in self.data_layers}
+            batch = {layer.name: layer.prefetcher.next() for _, layer in self.data_layers}
+            with self._cv:
+                self._batches[c] = batch
+                self._done[c] = 0
+                self._losses[c] = [0.0] * self.n
+                self._outputs[c] = [None] * self.n
+                self._fetched = c + 1
+                self._cv.notify_all()
+            self._positions.pop(c - 2 * self.n_slots - 2, None)
+        self.timing["server_fetch"] += time.perf_counter() - t0
+
+    def _gather(self):
+        """Stands in for ``net.forward_backward()`` in the Solver's loop: one global batch."""
+        c = self._clock
+        if c >= self._limit:              # the solver asks beyond the run (it does not)
+            self._limit = c + 1
+        self._fetch_until(c + self.staleness * self.iter_size)
+        t0 = time.perf_counter()
+        with self._cv:
+            while self._done.get(c, 0) < self.n and self._error is None:
+                self._cv.wait(0.5)
+            if self._error is not None:
+                k, kc, exc = self._error
+                raise WorkerError(k, self._iter0 + kc // self.iter_size, exc) from exc
+            losses, outputs = self._losses.pop(c), self._outputs.pop(c)
+            del self._done[c], self._batches[c]
+        t1 = time.perf_counter()
+        slot = c % self.n_slots
+        G = self.G
+        if self.n == 1:
+            G += self.grads[0, slot]
+        else:
+            G += self.weights @ self.grads[:, slot]          # one gemv over the flat gradients
+        loss = float(np.dot(self.weights, losses))
+        for name in outputs[0]:
+            self.solver.net.blobs[name].data[...] = sum(w * o[name] for w, o in zip(self.weights, outputs))
+        t2 = time.perf_counter()
+        self.timing["server_wait"] += t1 - t0
+        self.timing["server_reduce"] += t2 - t1
+        self._clock = c + 1
+        self._t_return = t2
+        return loss
+
+    def _on_iteration(self, solver, loss, lr):
+        """After the Solver applied the update: publish it, fetch ahead."""
+        now = time.perf_counter()
+        if self._t_return is not None:
+            self.timing["server_update"] += now - self._t_return
+        with self._cv:
+            self._applied = self._clock
+            self.timing["clocks"] = self._clock
+            self._cv.notify_all()
+        self._fetch_until(self._clock + self.staleness * self.iter_size)
+
+    # -- the workers ---------------------------------------------------------------------------
+    def _ready(self, c):
+        need = (c // self.iter_size - self.staleness) * self.iter_size
+        return c in self._batches and self._applied >= need
+
+    def _worker(self, k):
+        net, lay = self.replicas[k], self.rep_layouts[k]
+        inputs = {layer.name: [net.blobs[t] for t in layer.param.top] for _, layer in self.data_layers}
+        out_names = list(net.outputs)
+        tm = self.timing
+        c, slot = 0, 0
+        try:
+            while True:
+                t0 = time.perf_counter()
+                with self._cv:
+                    while not (self._stop or self._error is not None or self._ready(c)):
+                        self._cv.wait(0.5)
+                    if self._stop or self._error is not None:
+                        return
+                    batch = self._batches[c]
+                    self._used_version.append((k, c, self._applied))
+                t1 = time.perf_counter()
+                if self.n_slots > 1 and c % self.n_slots != slot:
+                    slot = c % self.n_slots
+                    lay.attach_diff(self.grads[k, slot])
+                else:
+                    self.grads[k, slot][...] = 0
+                for name, blobs in inputs.items():
+                    lo, hi = self.bounds[name][k]
+                    for blob, arr in zip(blobs, batch[name]):
+                        if arr is not None:
+                            blob.data[...] = arr[lo:hi].reshape(blob.shape)
+                t2 = time.perf_counter()
+                loss = net.forward_backward()
+                outs = {name: np.array(net.blobs[name].data) for name in out_names}
+                t3 = time.perf_counter()
+                with self._cv:
+                    self._losses[c][k] = loss
+                    self._outputs[c][k] = outs
+                    self._done[c] += 1
+                    tm["worker_wait"][k] += t1 - t0
+                    tm["worker_copy"][k] += t2 - t1
+                    tm["worker_compute"][k] += t3 - t2
+                    self._cv.notify_all()
+                c += 1
+        except BaseException as exc:                 # noqa: BLE001  (handed to the server)
+            with self._cv:
+                if self._error is None:
+                    self._error = (k, c, exc)
+                self._cv.notify_all()
+
+    # -- reporting -----------------------------------------------------------------------------
+    def stats(self):
+        """Seconds per clock: server (fetch, wait, reduce, update) and each worker's compute/wait."""
+        t = self.timing
+        n = max(t.get("clocks", 0), 1)
+        return {"clocks": t.get("clocks", 0), "wall_per_clock": t.get("wall", 0.0) / n,
+                "server_fetch": t["server_fetch"] / n, "server_wait": t["server_wait"] / n,
+                "server_reduce": t["server_reduce"] / n, "server_update": t["server_update"] / n,
+                "worker_compute": [x / n for x in t["worker_compute"]],
+                "worker_wait": [x / n for x in t["worker_wait"]],
+                "worker_copy": [x / n for x in t["worker_copy"]]}
+
+
+def train_with_workers(solver, n_workers, staleness=0, resume_file=None, **kwargs):
+    """What ``python -m minicaffe.train ... --workers N`` calls instead of ``solver.solve()``:
+    train with N worker threads and this thread as the parameter server; returns the trainer
+    (``trainer.stats()``, ``trainer.memory_summary()``)."""
+    trainer = ParallelTrainer(solver, n_workers, staleness=staleness, **kwargs)
+    trainer.solve(resume_file)
+    return trainer
