@@ -128,8 +128,6 @@ class Solver:
         if len(p.test_iter) != len(sources):
             raise SolverError(f"solver: {len(p.test_iter)} test_iter value(s) for {len(sources)} test net(s); "
                               f"give one test_iter per test net")
-        if sources and p.test_interval <= 0 and p.has("test_interval"):
-            raise SolverError("solver: test_interval must be > 0 when test nets are defined")
         states = list(p.test_state)
         if states and len(states) != len(sources):
             raise SolverError(f"solver: {len(states)} test_state(s) for {len(sources)} test net(s)")
