@@ -10,6 +10,7 @@ Use it as pycaffe::
     net.params["conv1"][0].data                                      # weights, writable in place
 """
 from . import backend as _backend
+from . import io
 from .blob import Blob
 from .errors import LayerError, MinicaffeError, NetError, PrototxtError, SolverError, WeightsError
 from .layer import Layer, LAYERS

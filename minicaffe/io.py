@@ -154,3 +154,97 @@ def load_weights(net, path):
     for blob, arr in copies:
         blob.data[...] = net.backend.from_host(arr.reshape(blob.shape), blob.dtype)
     return skipped
+
+
+# -- pycaffe's caffe.io helpers ------------------------------------------------------------------
+def blobproto_to_array(blob, return_diff=False):
+    """A BlobProto message (e.g. a decoded mean.binaryproto) as a numpy array of its shape."""
+    values = np.asarray(blob.diff if return_diff else (blob.double_data if len(blob.double_data) else blob.data))
+    if blob.has("shape"):
+        shape = tuple(int(d) for d in blob.shape.dim)
+    else:
+        shape = tuple(int(v) for v in (blob.num, blob.channels, blob.height, blob.width))
+    return values.reshape(shape)
+
+
+def array_to_blobproto(arr, diff=None):
+    """A numpy array as a BlobProto message (shape + float data), as pycaffe's helper."""
+    from . import proto
+    arr = np.asarray(arr)
+    blob = proto.Message("BlobProto")
+    blob.get_or_create("shape").dim.extend(int(d) for d in arr.shape)
+    blob.data = arr.astype(np.float32).ravel()
+    if diff is not None:
+        blob.diff = np.asarray(diff, np.float32).ravel()
+    return blob
+
+
+class Transformer:
+    """pycaffe's ``caffe.io.Transformer``: turn an image (H, W, C) in [0, 1] into a net input.
+
+    ``preprocess(name, image)`` applies, in pycaffe's order: transpose (e.g. (2, 0, 1) for HWC ->
+    CHW), channel swap (e.g. (2, 1, 0) for RGB -> BGR), raw scale (e.g. 255), mean subtraction
+    (per channel or a whole (C, H, W) mean), input scale.  ``deprocess`` undoes it.
+    """
+
+    def __init__(self, inputs):
+        self.inputs = dict(inputs)          # {blob name: shape}
+        self.transpose, self.channel_swap, self.raw_scale, self.mean, self.input_scale = {}, {}, {}, {}, {}
+
+    def _check(self, name):
+        if name not in self.inputs:
+            from .errors import MinicaffeError
+            raise MinicaffeError(f"Transformer: '{name}' is not one of its inputs {list(self.inputs)}")
+
+    def set_transpose(self, name, order):
+        self._check(name)
+        self.transpose[name] = tuple(order)
+
+    def set_channel_swap(self, name, order):
+        self._check(name)
+        self.channel_swap[name] = tuple(order)
+
+    def set_raw_scale(self, name, scale):
+        self._check(name)
+        self.raw_scale[name] = float(scale)
+
+    def set_input_scale(self, name, scale):
+        self._check(name)
+        self.input_scale[name] = float(scale)
+
+    def set_mean(self, name, mean):
+        self._check(name)
+        mean = np.asarray(mean, dtype=np.float32)
+        if mean.ndim == 1:
+            mean = mean[:, None, None]
+        self.mean[name] = mean
+
+    def preprocess(self, name, image):
+        self._check(name)
+        x = np.asarray(image, dtype=np.float32)
+        if name in self.transpose:
+            x = x.transpose(self.transpose[name])
+        if name in self.channel_swap:
+            x = x[list(self.channel_swap[name])]
+        if name in self.raw_scale:
+            x = x * self.raw_scale[name]
+        if name in self.mean:
+            x = x - self.mean[name]
+        if name in self.input_scale:
+            x = x * self.input_scale[name]
+        return x
+
+    def deprocess(self, name, data):
+        self._check(name)
+        x = np.asarray(data, dtype=np.float32).copy()
+        if name in self.input_scale:
+            x /= self.input_scale[name]
+        if name in self.mean:
+            x += self.mean[name]
+        if name in self.raw_scale:
+            x /= self.raw_scale[name]
+        if name in self.channel_swap:
+            x = x[np.argsort(self.channel_swap[name])]
+        if name in self.transpose:
+            x = x.transpose(np.argsort(self.transpose[name]))
+        return x

@@ -357,3 +357,22 @@ def test_shipped_nets_load_with_synthetic_data(name, rng, monkeypatch):
         loss = net.forward_backward() if phase == caffe.TRAIN else net.forward_from_to()
         assert np.isfinite(loss) and loss > 0
         assert net.blobs["data"].shape == (4, 3, 32, 32)
+
+
+def test_pycaffe_io_helpers(rng):
+    from minicaffe import io
+    mean = rng.random((3, 4, 5)).astype(np.float32)
+    blob = proto.decode(proto.encode(io.array_to_blobproto(mean)), "BlobProto")
+    np.testing.assert_array_equal(io.blobproto_to_array(blob), mean)
+    t = io.Transformer({"data": (1, 3, 4, 5)})
+    t.set_transpose("data", (2, 0, 1))
+    t.set_channel_swap("data", (2, 1, 0))
+    t.set_raw_scale("data", 255)
+    t.set_mean("data", np.array([10.0, 20.0, 30.0]))
+    image = rng.random((4, 5, 3)).astype(np.float32)
+    x = t.preprocess("data", image)
+    expected = image.transpose(2, 0, 1)[::-1] * 255 - np.array([10.0, 20.0, 30.0])[:, None, None]
+    np.testing.assert_allclose(x, expected, rtol=1e-6)
+    np.testing.assert_allclose(t.deprocess("data", x), image, rtol=1e-5, atol=1e-6)
+    with pytest.raises(MinicaffeError, match="'dta' is not one of its inputs"):
+        t.preprocess("dta", image)
