@@ -24,7 +24,9 @@ and checks that training gives the same numbers):
   producer (the layers that run backward and have it as a top, or as a bottom they propagate to).
 - **persistent** (live at every step, and across iterations): the net's inputs and outputs (the
   user writes the first before ``forward`` and reads the second after it), the diffs of loss tops
-  (they hold the loss weight, written once at setup), parameters, their gradients, solver history.
+  (they hold the loss weight, written once at setup), diffs that backward reads but never writes
+  (a Split top feeding Accuracy: Split sums it, so it must stay the zeros it was allocated as, a
+  fact Caffe relies on too), parameters, their gradients, solver history.
 - a layer's **scratch** lives for one call (span ``"call"``: written and read inside the same
   forward or backward) or from the layer's forward to its backward (span ``"layer"``:
   Convolution leaves im2col's columns for its backward to reuse; Pooling keeps its argmax mask).
@@ -196,6 +198,7 @@ def net_buffers(net, params=True):
             groups[which].setdefault(_storage_key(blob, which), []).append((name, blob))
 
     uses = {"data": {}, "diff": {}}
+    diff_written = set()                        # diffs some backward writes (a consumer's)
     for li, layer in enumerate(net.layers):
         reads = BACKWARD_READS.get(layer.type, "both")
         runs_bw = net.layer_need_backward[li]
@@ -208,6 +211,8 @@ def net_buffers(net, params=True):
                         uses["data"][dk].add(bwd(li))
                     if role == "top" or net.bottom_need_backward[li][j]:
                         uses["diff"].setdefault(gk, set()).add(bwd(li))
+                    if role == "bottom" and net.bottom_need_backward[li][j]:
+                        diff_written.add(gk)
 
     buffers = []
     for which in ("data", "diff"):
@@ -218,11 +223,16 @@ def net_buffers(net, params=True):
             if which == "data":
                 persistent = any(n in persistent_data for n in names)
             else:
-                persistent = any(id(b) in loss_diff for b in blobs)
+                # a diff that backward reads but no backward writes (a Split top feeding a layer
+                # that does not run backward, e.g. Accuracy) must stay zero, as allocated
+                zero = key in uses["diff"] and key not in diff_written
+                persistent = zero or any(id(b) in loss_diff for b in blobs)
             intervals = None if persistent else _interval(uses[which].get(key, ()))
             category = "activations" if which == "data" else "activation diffs"
 
-            def attach(flat, blobs=blobs, which=which):
+            def attach(flat, blobs=blobs, which=which, zero=which == "diff" and persistent):
+                if zero:
+                    flat[...] = 0
                 for b in blobs:
                     if which == "data":
                         b.attach(flat, b._diff_buf)
