@@ -12,7 +12,7 @@ This package never imports minicaffe.
 import importlib
 import os
 
-FAMILIES = ("gemm", "im2col", "pooling", "softmax", "elementwise")
+FAMILIES = ("gemm", "im2col", "pooling", "softmax", "elementwise", "conv", "sgd")
 
 
 def family(name):
