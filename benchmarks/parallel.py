@@ -190,7 +190,8 @@ def main(argv=None):
         cfgs = [({"net": net, "mode": "serial", "blas": cores, **it}, cores),
                 ({"net": net, "mode": "serial", "blas": 1, **it}, 1),
                 ({"net": net, "mode": "serial", "blas": 1, "arena": True, **it}, 1)]
-        cfgs += [({"net": net, "mode": "parallel", "workers": n, **it}, max(1, cores // n)) for n in args.workers]
+        cfgs += [({"net": net, "mode": "parallel", "workers": n, **it}, max(1, cores // n))
+                 for n in args.workers]
         if args.ssp:
             cfgs.append(({"net": net, "mode": "parallel", "workers": 2, "staleness": 1, **it}, max(1, cores // 2)))
         for cfg, threads in cfgs:

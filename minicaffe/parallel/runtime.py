@@ -57,10 +57,6 @@ class WorkerError(SolverError):
                          f"{type(error).__name__}: {error}")
 
 
-class _Stopped(Exception):
-    pass
-
-
 class ParallelTrainer:
     """Train ``solver``'s net with ``n_workers`` replica threads and this thread as the server.
 
@@ -228,7 +224,8 @@ class ParallelTrainer:
         for t in self._threads:
             t.start()
         self._fetch_until(self.staleness * self.iter_size)
-        self.log(f"Training with {self.n} worker thread(s) ({'BSP' if not self.staleness else f'SSP, staleness {self.staleness}'}), "
+        mode = "BSP" if not self.staleness else f"SSP, staleness {self.staleness}"
+        self.log(f"Training with {self.n} worker thread(s) ({mode}), "
                  f"shards {[hi - lo for lo, hi in self.bounds[self.data_layers[0][1].name]]} of the batch of "
                  f"{self.batch}, BLAS threads {self.blas_threads}")
 
