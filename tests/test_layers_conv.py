@@ -61,6 +61,8 @@ CONV_CASES = [
     ((2, 3, 7, 9), 5, "kernel_h: 3 kernel_w: 2 pad_h: 1 pad_w: 0 stride_h: 2 stride_w: 1", (1, 0), (2, 1), (1, 1), 1, True),
     ((1, 6, 5, 6), 3, "kernel_size: 2 kernel_size: 3 pad: 0 pad: 1 stride: 1 stride: 2", (0, 1), (1, 2), (1, 1), 3, True),
     ((3, 1, 6, 5), 2, "kernel_size: 1", (0, 0), (1, 1), (1, 1), 1, False),
+    ((1, 4, 5, 3), 6, "kernel_size: 1", (0, 0), (1, 1), (1, 1), 2, True),     # one image: the image is col
+    ((1, 3, 4, 5), 2, "kernel_size: 1 pad: 1 stride: 2", (1, 1), (2, 2), (1, 1), 1, True),
 ]
 
 

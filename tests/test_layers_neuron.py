@@ -22,6 +22,15 @@ NEURONS = {
     'type: "Power" power_param { power: -1 scale: 1 shift: 3 }': (lambda x: 1 / (3 + x), None),
     'type: "Power" power_param { scale: -2 shift: 1 }': (lambda x: 1 - 2 * x, None),
     'type: "Power" power_param { power: 0 }': (lambda x: np.ones_like(x), None),
+    'type: "Exp"': (np.exp, None),
+    'type: "Exp" exp_param { base: 2 scale: 0.5 shift: -1 }': (lambda x: 2.0 ** (0.5 * x - 1), None),
+    'type: "Log" log_param { shift: 3 }': (lambda x: np.log(3 + x), None),
+    'type: "Log" log_param { base: 10 scale: -2 shift: 5 }': (lambda x: np.log10(5 - 2 * x), None),
+    'type: "BNLL"': (lambda x: np.log1p(np.exp(x)), None),
+    'type: "Threshold" threshold_param { threshold: 0.3 }': (lambda x: (x > 0.3).astype(float), 0.3),
+    'type: "Clip" clip_param { min: -0.5 max: 0.8 }': (lambda x: np.clip(x, -0.5, 0.8), None),
+    'type: "Swish"': (lambda x: x / (1 + np.exp(-x)), None),
+    'type: "Swish" swish_param { beta: 1.7 }': (lambda x: x / (1 + np.exp(-1.7 * x)), None),
 }
 
 
