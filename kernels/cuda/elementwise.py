@@ -102,11 +102,16 @@ def _relu_bwd_v2(x, dy, slope, dx):
 
 @cuda.jit
 def _sigmoid_fwd_v2(x, y):
+    """exp of a non-positive number only: e = exp(-|x|) in (0, 1], y = 1/(1+e) or e/(1+e).
+    (v1's exp(-x) overflows for x < -88 in float32: inf on a GPU, which still gives the right
+    0, but an OverflowError in the simulator, whose math is Python's.)"""
     one = y.dtype.type(1)
     i = cuda.grid(1)
     step = cuda.gridsize(1)
     while i < x.size:
-        y[i] = one / (one + math.exp(-x[i]))
+        v = x[i]
+        e = math.exp(-v if v >= 0 else v)
+        y[i] = one / (one + e) if v >= 0 else e / (one + e)
         i += step
 
 

@@ -46,9 +46,8 @@ from .. import _versions
 from ..softmax import FLT_MIN, REFERENCES, _bad_label_message  # noqa: F401  (references for the tests)
 
 __all__ = ["softmax_fwd", "softmax_bwd", "softmax_loss_fwd", "softmax_loss_bwd", "softmax_xent_fwd",
-           "VERSIONS", "DEFAULTS", "use", "make_block_kernels"]
+           "VERSIONS", "DEFAULTS", "use", "make_block_kernels", "make_loss_kernels"]
 
-LOSS_THREADS = 128          # threads per block of the loss kernels (a power of two)
 
 
 # -- v1: a thread per position -------------------------------------------------------------------
@@ -187,82 +186,94 @@ def _label_at(label, o, k, C, ignore_label, has_ignore):
     return li
 
 
-@cuda.jit(device=True)
-def _block_add(red, tid, loss, count, out):
-    """Sum (loss, count) over the block (red: (2, LOSS_THREADS) float64 shared) and add the
-    block's total into out[0], out[1] with one atomic each."""
-    red[0, tid] = loss
-    red[1, tid] = count
-    cuda.syncthreads()
-    s = LOSS_THREADS // 2
-    while s > 0:
-        if tid < s:
-            red[0, tid] += red[0, tid + s]
-            red[1, tid] += red[1, tid + s]
+_loss_cache = {}
+
+
+def make_loss_kernels(T):
+    """(loss forward, fused softmax + cross-entropy forward) for blocks of T threads (a power of
+    two): per-thread float64 partials, a shared-memory tree sum per block, one atomic per block."""
+    if T in _loss_cache:
+        return _loss_cache[T]
+    if T & (T - 1):
+        raise ValueError(f"softmax loss: block size must be a power of two, got {T}")
+
+    @cuda.jit(device=True)
+    def block_add(red, tid, loss, count, out):
+        """Sum (loss, count) over the block (red: (2, T) float64 shared) and add the block's
+        total into out[0], out[1] with one atomic each."""
+        red[0, tid] = loss
+        red[1, tid] = count
         cuda.syncthreads()
-        s //= 2
-    if tid == 0:
-        cuda.atomic.add(out, 0, red[0, 0])
-        cuda.atomic.add(out, 1, red[1, 0])
+        s = T // 2
+        while s > 0:
+            if tid < s:
+                red[0, tid] += red[0, tid + s]
+                red[1, tid] += red[1, tid + s]
+            cuda.syncthreads()
+            s //= 2
+        if tid == 0:
+            cuda.atomic.add(out, 0, red[0, 0])
+            cuda.atomic.add(out, 1, red[1, 0])
 
+    @cuda.jit
+    def loss_fwd(prob, label, ignore_label, has_ignore, out):
+        """Thread t (grid-stride) -> position (o, k): -log(max(prob[o, label, k], FLT_MIN)) into
+        a per-thread float64 partial; block-reduced; out = [loss, count, first bad position]."""
+        outer, C, inner = prob.shape
+        red = cuda.shared.array((2, T), dtype=np.float64)
+        tid = cuda.threadIdx.x
+        loss = 0.0
+        count = 0.0
+        t = cuda.grid(1)
+        while t < outer * inner:
+            o = t // inner
+            k = t - o * inner
+            li = _label_at(label, o, k, C, ignore_label, has_ignore)
+            if li == -2:
+                cuda.atomic.min(out, 2, float(t))
+            elif li >= 0:
+                loss -= math.log(max(float(prob[o, li, k]), FLT_MIN))
+                count += 1.0
+            t += cuda.gridsize(1)
+        block_add(red, tid, loss, count, out)
 
-@cuda.jit
-def _loss_fwd(prob, label, ignore_label, has_ignore, out):
-    """Thread t (grid-stride) -> position (o, k): -log(max(prob[o, label, k], FLT_MIN)) into a
-    per-thread float64 partial; block-reduced; out = [loss, count, first bad position]."""
-    outer, C, inner = prob.shape
-    red = cuda.shared.array((2, LOSS_THREADS), dtype=np.float64)
-    tid = cuda.threadIdx.x
-    loss = 0.0
-    count = 0.0
-    t = cuda.grid(1)
-    while t < outer * inner:
-        o = t // inner
-        k = t - o * inner
-        li = _label_at(label, o, k, C, ignore_label, has_ignore)
-        if li == -2:
-            cuda.atomic.min(out, 2, float(t))
-        elif li >= 0:
-            loss -= math.log(max(float(prob[o, li, k]), FLT_MIN))
-            count += 1.0
-        t += cuda.gridsize(1)
-    _block_add(red, tid, loss, count, out)
+    @cuda.jit
+    def xent_fwd(x, label, ignore_label, has_ignore, prob, out):
+        """Fused softmax + cross-entropy.  Thread t (grid-stride) -> position (o, k): max, sum of
+        exps, prob written, and the loss at the label computed as log(sum) - (x[label] - max)
+        -- exact where prob underflows -- clamped like Caffe's at -log(FLT_MIN)."""
+        outer, C, inner = x.shape
+        red = cuda.shared.array((2, T), dtype=np.float64)
+        tid = cuda.threadIdx.x
+        loss = 0.0
+        count = 0.0
+        cap = -math.log(FLT_MIN)
+        t = cuda.grid(1)
+        while t < outer * inner:
+            o = t // inner
+            k = t - o * inner
+            m = x[o, 0, k]
+            for c in range(1, C):
+                m = max(m, x[o, c, k])
+            s = prob.dtype.type(0)
+            for c in range(C):
+                e = math.exp(x[o, c, k] - m)
+                prob[o, c, k] = e
+                s += e
+            r = 1 / s
+            for c in range(C):
+                prob[o, c, k] *= r
+            li = _label_at(label, o, k, C, ignore_label, has_ignore)
+            if li == -2:
+                cuda.atomic.min(out, 2, float(t))
+            elif li >= 0:
+                loss += min(math.log(float(s)) - float(x[o, li, k] - m), cap)
+                count += 1.0
+            t += cuda.gridsize(1)
+        block_add(red, tid, loss, count, out)
 
-
-@cuda.jit
-def _xent_fwd(x, label, ignore_label, has_ignore, prob, out):
-    """Fused softmax + cross-entropy.  Thread t (grid-stride) -> position (o, k): max, sum of
-    exps, prob written, and the loss at the label computed as log(sum) - (x[label] - max) --
-    exact where prob underflows -- clamped like Caffe's at -log(FLT_MIN)."""
-    outer, C, inner = x.shape
-    red = cuda.shared.array((2, LOSS_THREADS), dtype=np.float64)
-    tid = cuda.threadIdx.x
-    loss = 0.0
-    count = 0.0
-    cap = -math.log(FLT_MIN)
-    t = cuda.grid(1)
-    while t < outer * inner:
-        o = t // inner
-        k = t - o * inner
-        m = x[o, 0, k]
-        for c in range(1, C):
-            m = max(m, x[o, c, k])
-        s = prob.dtype.type(0)
-        for c in range(C):
-            e = math.exp(x[o, c, k] - m)
-            prob[o, c, k] = e
-            s += e
-        r = 1 / s
-        for c in range(C):
-            prob[o, c, k] *= r
-        li = _label_at(label, o, k, C, ignore_label, has_ignore)
-        if li == -2:
-            cuda.atomic.min(out, 2, float(t))
-        elif li >= 0:
-            loss += min(math.log(float(s)) - float(x[o, li, k] - m), cap)
-            count += 1.0
-        t += cuda.gridsize(1)
-    _block_add(red, tid, loss, count, out)
+    _loss_cache[T] = (loss_fwd, xent_fwd)
+    return loss_fwd, xent_fwd
 
 
 @cuda.jit
@@ -358,8 +369,9 @@ def softmax_loss_fwd_v1_thread(L, prob, label, ignore_label, has_ignore):
     outer, C, inner = _check3(prob)
     label = _as_label(prob, label)
     out = _loss_out(L)
+    T = L.config.row_threads
     if prob.size:
-        L.launch(_loss_fwd, L.blocks(outer * inner, LOSS_THREADS), LOSS_THREADS, prob, label,
+        L.launch(make_loss_kernels(T)[0], L.blocks(outer * inner, T), T, prob, label,
                  int(ignore_label), bool(has_ignore), out)
     return _finish(L, out, prob, label)
 
@@ -368,8 +380,9 @@ def softmax_xent_fwd_v1_fused(L, x, label, ignore_label, has_ignore, prob):
     outer, C, inner = _check3(x, prob)
     label = _as_label(prob, label)
     out = _loss_out(L)
+    T = L.config.row_threads
     if x.size:
-        L.launch(_xent_fwd, L.blocks(outer * inner, LOSS_THREADS), LOSS_THREADS, x, label,
+        L.launch(make_loss_kernels(T)[1], L.blocks(outer * inner, T), T, x, label,
                  int(ignore_label), bool(has_ignore), prob, out)
     return _finish(L, out, prob, label)
 

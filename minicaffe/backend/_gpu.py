@@ -36,6 +36,9 @@ def why_not(name):
     (checked without importing numba.cuda, so asking does not fix the process's CUDA target)."""
     mode = _numba_cuda_mode()
     if name == "cudasim":
+        if mode is None and os.environ.get("NUMBA_ENABLE_CUDASIM", "").strip() == "0":
+            return ("NUMBA_ENABLE_CUDASIM=0 is set: this process asked numba for its real CUDA "
+                    "target, and numba picks real-or-simulator once per process")
         if mode == "real":
             return ("numba's real CUDA target is already loaded in this process, and numba picks "
                     "real-or-simulator once per process: set NUMBA_ENABLE_CUDASIM=1 before starting "
