@@ -67,30 +67,51 @@ def gemm_blas(trans_a, trans_b, alpha, a, b, beta, c):
 
 
 def _numba_gemm(kernel):
-    """The Python wrapper around a numba kernel(alpha, A, B, beta, C) on op-views."""
+    """The Python wrapper around a numba kernel(alpha, a, ta, b, tb, beta, c).
+
+    The kernels take the caller's arrays with the transposes as flags (op(a) = a.T if ta),
+    C-contiguous: one compiled specialization per dtype instead of one per layout of each
+    operand.  An F-contiguous operand is passed as its (C-contiguous) transpose with the flag
+    flipped; any other strided operand, or one that overlaps c, is copied first."""
     def gemm(trans_a, trans_b, alpha, a, b, beta, c):
-        A, B = _ops(trans_a, trans_b, a, b, c)
-        if np.may_share_memory(A, c):
-            A = A.copy()
-        if np.may_share_memory(B, c):
-            B = B.copy()
-        kernel(c.dtype.type(alpha), A, B, c.dtype.type(beta), c)
+        _ops(trans_a, trans_b, a, b, c)
+        a, ta = _c_order(a, bool(trans_a), c)
+        b, tb = _c_order(b, bool(trans_b), c)
+        kernel(c.dtype.type(alpha), a, ta, b, tb, c.dtype.type(beta), c)
     gemm.kernel = kernel
     gemm.__doc__ = kernel.__doc__
     return gemm
 
 
+def _c_order(x, t, c):
+    if np.may_share_memory(x, c):
+        return np.array(x, dtype=c.dtype, order="C"), t          # a copy, always
+    if x.dtype == c.dtype:
+        if x.flags.c_contiguous:
+            return x, t
+        if x.flags.f_contiguous:
+            return x.T, not t
+    return np.ascontiguousarray(x, dtype=c.dtype), t
+
+
+@njit(nogil=True, cache=True)
+def _dims(a, ta, b, tb):
+    M = a.shape[1] if ta else a.shape[0]
+    K = a.shape[0] if ta else a.shape[1]
+    N = b.shape[0] if tb else b.shape[1]
+    return M, N, K
+
+
 # -- v1: naive ----------------------------------------------------------------------------------
 @njit(nogil=True, cache=True)
-def _gemm_v1_naive(alpha, A, B, beta, C):
+def _gemm_v1_naive(alpha, a, ta, b, tb, beta, C):
     """i, j, p: a dot product per element of C; B walked down its columns."""
-    M, K = A.shape
-    N = B.shape[1]
+    M, N, K = _dims(a, ta, b, tb)
     for i in range(M):
         for j in range(N):
             acc = C.dtype.type(0)
             for p in range(K):
-                acc += A[i, p] * B[p, j]
+                acc += (a[p, i] if ta else a[i, p]) * (b[j, p] if tb else b[p, j])
             if beta == 0:
                 C[i, j] = alpha * acc
             else:
@@ -109,29 +130,35 @@ def _scale_rows(beta, C):
 
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
-def _gemm_v2_reordered(alpha, A, B, beta, C):
-    """i, p, j: C[i, :] += (alpha * A[i, p]) * B[p, :] -- unit stride on B and C."""
-    M, K = A.shape
-    N = B.shape[1]
+def _gemm_v2_reordered(alpha, a, ta, b, tb, beta, C):
+    """i, p, j: C[i, :] += (alpha * A[i, p]) * B[p, :] -- unit stride on B and C (when B is
+    not transposed: a transposed B is read down its columns, as slowly as v1 does)."""
+    M, N, K = _dims(a, ta, b, tb)
     _scale_rows(beta, C)
     for i in range(M):
         ci = C[i]
         for p in range(K):
-            a = alpha * A[i, p]
-            bp = B[p]
-            for j in range(N):
-                ci[j] += a * bp[j]
+            x = alpha * (a[p, i] if ta else a[i, p])
+            if tb:
+                for j in range(N):
+                    ci[j] += x * b[j, p]
+            else:
+                bp = b[p]
+                for j in range(N):
+                    ci[j] += x * bp[j]
 
 
 # -- shared by v3..v5: blocking and packing ----------------------------------------------------
 # Block sizes (float32 figures; a Zen 3 core has 32 KB L1d, 512 KB L2, a shared 32 MB L3):
-#   KC: the depth of one pass; a packed strip of KC values of one row is 1 KB, and MR + NR
-#       strips (7 KB) sit in L1 while the micro-kernel runs.
-#   MC: rows of A packed per block (MC*KC*4 = 64 KB: stays in L2 while all of B's strips
+#   KC: the depth of one pass; a packed strip of KC float32 values is 2 KB, and the MR + NR
+#       strips the micro-kernel reads (14 KB) sit in L1 while it runs.  Deep enough that the
+#       12 horizontal sums that end each micro-kernel call cost little next to its KC/8
+#       vector iterations.
+#   MC: rows of A packed per block (MC*KC*4 = 128 KB: stays in L2 while all of B's strips
 #       stream past it).
-#   NC: columns of B packed per panel (NC*KC*4 = 1 MB, in L3; each NR-strip is read from
-#       there once per MC block).
-KC, MC, NC = 256, 64, 1024
+#   NC: columns of B packed per panel (NC*KC*4 = 2 MB, in L3; each NR-strip is read from
+#       there once per MC block and then stays in L1 for the whole block).
+KC, MC, NC = 512, 64, 1024
 MR, NR = 4, 3      # the register tile: 12 accumulators + 4 A vectors ... of 16 ymm registers
 
 
@@ -139,57 +166,62 @@ KP = 8             # packed strips are padded with zeros to a multiple of KP alo
 
 
 @njit(nogil=True, cache=True)
-def _pack_rows(X, r0, nr, c0, nc, pad, ncp, out):
-    """out[i*ncp + k] = X[r0 + i, c0 + k] for i < nr, k < nc: rows contiguous along k, each
-    zero-padded to length ncp, plus zero rows up to a multiple of ``pad``.  Packing A is this
-    with X = op(A); packing B is this with X = op(B).T, so both operands of the dot-product
-    micro-kernel run along k with unit stride whatever the caller's strides (transposes are
-    absorbed here).  Copied in 16x16 tiles, so that a transposed read (X = B.T of a row-major
-    B) touches 16 rows of B per tile instead of a new cache line and page for every value."""
-    T = 16
-    for i0 in range(0, nr, T):
-        i1 = min(i0 + T, nr)
-        for k0 in range(0, nc, T):
-            k1 = min(k0 + T, nc)
-            for i in range(i0, i1):
-                o = out[i * ncp:(i + 1) * ncp]
-                for k in range(k0, k1):
-                    o[k] = X[r0 + i, c0 + k]
-        for i in range(i0, i1):
-            out[i * ncp + nc:(i + 1) * ncp] = 0
+def _pack_rows(X, tx, r0, nr, c0, nc, pad, ncp, out):
+    """out[i*ncp + k] = Y[r0 + i, c0 + k] for i < nr, k < nc, where Y = X.T if tx else X:
+    rows contiguous along k, each zero-padded to length ncp, plus zero rows up to a multiple
+    of ``pad``.  Packing A is this with Y = op(A); packing B is this with Y = op(B).T, so both
+    operands of the dot-product micro-kernel run along k with unit stride whatever the
+    caller's layout (the transposes are absorbed here, once per block).
+
+    A transposed read walks X's rows (unit stride) for a band of 64 output rows at a time
+    and scatters into those 64 rows, which stay in L1 across the whole band.  (The obvious
+    tile order, reading 16 rows of X 16 values at a time, ran at 0.24 G values/s for
+    N = 4096: a row stride of 16 KB maps all 16 rows onto one L1 set, which has 8 ways.)"""
+    if tx:
+        B = 64
+        for i0 in range(0, nr, B):
+            i1 = min(i0 + B, nr)
+            for k in range(nc):
+                src = X[c0 + k, r0 + i0:r0 + i1]
+                dst = out[i0 * ncp + k:i1 * ncp + k:ncp]
+                for ii in range(i1 - i0):
+                    dst[ii] = src[ii]
+    else:
+        for i in range(nr):
+            out[i * ncp:i * ncp + nc] = X[r0 + i, c0:c0 + nc]
+    for i in range(nr):
+        out[i * ncp + nc:(i + 1) * ncp] = 0
     rows = (nr + pad - 1) // pad * pad
     out[nr * ncp:rows * ncp] = 0
 
 
 # -- v3: blocked + packed, one dot product per element of C ------------------------------------
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
-def _gemm_v3_blocked(alpha, A, B, beta, C):
+def _gemm_v3_blocked(alpha, a, ta, b, tb, beta, C):
     """v2's arithmetic on packed, cache-sized blocks: each C element is one contiguous dot
     product of a packed A row and a packed B column (vectorized along k thanks to
     fastmath's reassociation), both read from L1/L2 instead of memory.  Two loads per FMA:
     about half of the core's FMA rate at best."""
-    M, K = A.shape
-    N = B.shape[1]
+    M, N, K = _dims(a, ta, b, tb)
     _scale_rows(beta, C)
-    Bt = B.T
     Ap = np.empty(MC * KC, C.dtype)
     Bp = np.empty(NC * KC, C.dtype)
     for jc in range(0, N, NC):
         nc = min(NC, N - jc)
         for pc in range(0, K, KC):
             kc = min(KC, K - pc)
-            _pack_rows(Bt, jc, nc, pc, kc, 1, kc, Bp)
+            _pack_rows(b, not tb, jc, nc, pc, kc, 1, kc, Bp)
             for ic in range(0, M, MC):
                 mc = min(MC, M - ic)
-                _pack_rows(A, ic, mc, pc, kc, 1, kc, Ap)
+                _pack_rows(a, ta, ic, mc, pc, kc, 1, kc, Ap)
                 for i in range(mc):
-                    a = Ap[i * kc:(i + 1) * kc]
+                    ar = Ap[i * kc:(i + 1) * kc]
                     ci = C[ic + i]
                     for j in range(nc):
-                        b = Bp[j * kc:(j + 1) * kc]
+                        br = Bp[j * kc:(j + 1) * kc]
                         acc = C.dtype.type(0)
                         for p in range(kc):
-                            acc += a[p] * b[p]
+                            acc += ar[p] * br[p]
                         ci[jc + j] += alpha * acc
 
 
@@ -280,10 +312,9 @@ def _macro(alpha, Ap, mc, Bp, nc, kc, C, ic, jc, jr_lo, jr_hi):
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
-def _gemm_v4_cols(alpha, A, B, C, j_lo, j_hi):
+def _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, j_hi):
     """v4's loop nest on the columns [j_lo, j_hi) of B and C, with its own packing buffers."""
-    M, K = A.shape
-    Bt = B.T
+    M, N, K = _dims(a, ta, b, tb)
     Ap = np.empty((MC + MR) * KC, C.dtype)
     Bp = np.empty((NC + NR) * KC, C.dtype)
     for jc in range(j_lo, j_hi, NC):
@@ -291,41 +322,41 @@ def _gemm_v4_cols(alpha, A, B, C, j_lo, j_hi):
         for pc in range(0, K, KC):
             kc = min(KC, K - pc)
             kp = (kc + KP - 1) // KP * KP
-            _pack_rows(Bt, jc, nc, pc, kc, NR, kp, Bp)
+            _pack_rows(b, not tb, jc, nc, pc, kc, NR, kp, Bp)
             for ic in range(0, M, MC):
                 mc = min(MC, M - ic)
-                _pack_rows(A, ic, mc, pc, kc, MR, kp, Ap)
+                _pack_rows(a, ta, ic, mc, pc, kc, MR, kp, Ap)
                 _macro(alpha, Ap, mc, Bp, nc, kp, C, ic, jc, 0, (nc + NR - 1) // NR)
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
-def _gemm_v4_micro(alpha, A, B, beta, C):
+def _gemm_v4_micro(alpha, a, ta, b, tb, beta, C):
     """The BLIS loop nest (jc, pc: pack B; ic: pack A; jr, ir: micro-kernel) around the
     4x3 register-blocked micro-kernel."""
     _scale_rows(beta, C)
-    _gemm_v4_cols(alpha, A, B, C, 0, B.shape[1])
+    _gemm_v4_cols(alpha, a, ta, b, tb, C, 0, C.shape[1])
 
 
 # -- v5: v4 across cores ----------------------------------------------------------------------
 @njit(nogil=True, cache=True, parallel=True, fastmath={"reassoc", "contract", "nsz"})
-def _gemm_v5_prange_T(alpha, A, B, beta, C, T):
+def _gemm_v5_prange_T(alpha, a, ta, b, tb, beta, C, T):
     """v4 with the columns of C split into one contiguous range per thread, in a single
     parallel region (each thread packs its own B columns and its own copy of A: the copies
     are O(M*K) per thread against O(M*N*K/threads) flops).  Opt-in: numba's workqueue
     threading layer cannot run two parallel regions at once."""
-    N = B.shape[1]
+    N = C.shape[1]
     _scale_rows(beta, C)
     per = (N + T * NR - 1) // (T * NR) * NR          # whole NR-strips per thread
     for t in prange(T):
         j_lo = min(t * per, N)
         j_hi = min(j_lo + per, N)
         if j_hi > j_lo:
-            _gemm_v4_cols(alpha, A, B, C, j_lo, j_hi)
+            _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, j_hi)
 
 
-def _gemm_v5_prange(alpha, A, B, beta, C):
+def _gemm_v5_prange(alpha, a, ta, b, tb, beta, C):
     # the thread count is read here: inside the kernel it would stop numba caching it
-    _gemm_v5_prange_T(alpha, A, B, beta, C, get_num_threads())
+    _gemm_v5_prange_T(alpha, a, ta, b, tb, beta, C, get_num_threads())
 
 
 VERSIONS = {
