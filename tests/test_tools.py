@@ -108,3 +108,15 @@ def test_score_and_time_tools(solver_file, tmp_path, capsys):
     assert "ip InnerProduct" in text and "Average Forward-Backward:" in text
     assert score.main([net, "--weights", str(tmp_path / "none.caffemodel")]) == 1
     assert "weights file not found" in capsys.readouterr().err
+
+
+def test_train_with_worker_threads(solver_file, tmp_path, capsys):
+    out = tmp_path / "workers"
+    assert train.main([solver_file, "--output", str(out), "--workers", "2", "--no-plot"]) == 0
+    text = capsys.readouterr().out
+    assert "Training with 2 worker thread(s) (BSP)" in text and "Parallel: 10 iterations" in text
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["train"]["iter"] == list(range(10))
+    assert log["test"][-1]["outputs"]["accuracy"] > 0.5
+    assert train.main([solver_file, "--output", str(out), "--workers", "0"]) == 1
+    assert "--workers must be >= 1" in capsys.readouterr().err

@@ -204,7 +204,7 @@ class ParallelTrainer:
         self._t_return = None
         self._saved_blas = blas.get_threads()
         blas.set_threads(self.blas_threads)
-        net.forward_backward = self._gather                  # the solver's gradient source
+        solver.forward_backward = self._gather               # the solver's gradient source
         for _, layer in self.data_layers:
             layer.state_dict = (lambda layer=layer: self._data_state(layer))
         solver.on_iteration.insert(0, self._on_iteration)
@@ -238,7 +238,7 @@ class ParallelTrainer:
         for t in self._threads:
             t.join(timeout=30)
         self._threads = []
-        net.__dict__.pop("forward_backward", None)
+        solver.__dict__.pop("forward_backward", None)
         for _, layer in self.data_layers:
             layer.__dict__.pop("state_dict", None)
             # batches fetched ahead and not used: rewind the reader to the solver's position

@@ -147,6 +147,10 @@ class Solver:
                 self.log(f"MultiStep Status: Iteration {self.iter}, step = {self.current_step}")
         return lr_policy.learning_rate(self.param, self.iter, self.current_step)
 
+    def forward_backward(self):
+        """One batch's loss and gradients (the parallel runtime replaces this with its workers)."""
+        return self.net.forward_backward()
+
     def step(self, iters):
         p = self.param
         start_iter, stop_iter = self.iter, self.iter + int(iters)
@@ -159,7 +163,7 @@ class Solver:
             self.net.clear_param_diffs()
             loss = 0.0
             for _ in range(p.iter_size):
-                loss += self.net.forward_backward()
+                loss += self.forward_backward()
             loss /= p.iter_size
             if not math.isfinite(loss):
                 raise SolverError(f"loss is {loss} at iteration {self.iter}: training diverged "

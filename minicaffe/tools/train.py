@@ -36,6 +36,10 @@ def build_parser():
     p.add_argument("--data-dir", help="where datasets are cached (default: $MINICAFFE_DATA or ~/.cache/minicaffe)")
     p.add_argument("--snapshot", type=int, help="snapshot every N iterations (overrides the solver)")
     p.add_argument("--test-interval", type=int, help="test every N iterations (overrides the solver; 0 = never)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="SingleCaffe: N worker threads on shards of each batch + a parameter-server thread")
+    p.add_argument("--staleness", type=int, default=0,
+                   help="with --workers: bounded staleness s (SSP); 0 = synchronous (BSP, the default)")
     p.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
     return p
 
@@ -163,12 +167,25 @@ def run(args):
     start = time.perf_counter()
     start_iter = None
     try:
+        if args.workers < 1 or args.staleness < 0:
+            raise MinicaffeError(f"--workers must be >= 1 and --staleness >= 0 (got {args.workers}, {args.staleness})")
         if args.resume:
             solver.restore(args.resume)
         if progress is not None:
             progress.start_done = progress.done = solver.iter
         start_iter = solver.iter
-        solver.solve()
+        if args.workers > 1 or args.staleness > 0:
+            from ..parallel import train_with_workers
+            trainer = train_with_workers(solver, args.workers, staleness=args.staleness)
+            st = trainer.stats()
+            ms = lambda v: f"{1000 * v:.2f}"
+            log(f"Parallel: {st['clocks']} iterations, {ms(st['wall_per_clock'])} ms each; server: fetch "
+                f"{ms(st['server_fetch'])}, wait {ms(st['server_wait'])}, reduce {ms(st['server_reduce'])}, "
+                f"update {ms(st['server_update'])} ms; workers compute "
+                f"{', '.join(ms(v) for v in st['worker_compute'])} ms, wait "
+                f"{', '.join(ms(v) for v in st['worker_wait'])} ms")
+        else:
+            solver.solve()
     except SolverError as exc:
         if progress is not None:
             progress.close()
