@@ -207,11 +207,14 @@ class Net:
         self._param_by_name = {}        # param { name } -> index into learnable_params
         self._owner_lr_set = []         # did the owner's prototxt give lr_mult explicitly?
         self.inputs = []
+        self.duplicate_layer_names = []
         seen_names = set()
 
         for li, lp in enumerate(layer_params):
             if lp.name in seen_names:
-                raise NetError(f"two layers are named '{lp.name}'; layer names must be unique")
+                # Caffe allows it (examples/mnist/mnist_autoencoder.prototxt has two "loss" layers);
+                # by-name lookups (layer_dict, params, weight files) then see the last one, as in pycaffe.
+                self.duplicate_layer_names.append(lp.name)
             seen_names.add(lp.name)
             layer = create_layer(lp, self.backend, self.dtype, self.phase)
             bottoms, bids = [], []

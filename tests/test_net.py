@@ -196,9 +196,10 @@ def test_missing_bottom_and_duplicate_top_errors():
     with pytest.raises(LayerError, match="top blob 'data' is produced by an earlier layer"):
         make('input: "data" input_shape { dim: 1 } input: "y" input_shape { dim: 1 } '
              'layer { name: "r" type: "ReLU" bottom: "y" top: "data" }')
-    with pytest.raises(NetError, match="two layers are named 'r'"):
-        make('input: "data" input_shape { dim: 1 } layer { name: "r" type: "ReLU" bottom: "data" top: "a" } '
-             'layer { name: "r" type: "ReLU" bottom: "a" top: "b" }')
+    # two layers of one name are allowed, as in Caffe; lookups by name see the last one
+    net = make('input: "data" input_shape { dim: 1 } layer { name: "r" type: "ReLU" bottom: "data" top: "a" } '
+               'layer { name: "r" type: "ReLU" bottom: "a" top: "b" }')
+    assert net.duplicate_layer_names == ["r"] and net.layer_dict["r"] is net.layers[-1]
 
 
 def test_unknown_layer_type_did_you_mean():
