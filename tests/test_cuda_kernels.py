@@ -21,7 +21,10 @@ def L(request):
         pytest.skip(f"{request.param}: {reason}")
     _backend.get(request.param)             # selects numba's target (the simulator for cudasim)
     from kernels.cuda import _launch
-    launcher = _launch.launcher(simulator=request.param == "cudasim")
+    if request.param == "cudasim":     # more threads per launch than the engine's simulator config
+        launcher = _launch.Launcher(simulator=True, config=_launch.SIM_WIDE_CONFIG)
+    else:
+        launcher = _launch.launcher(simulator=False)
     yield launcher
     for fam in ("gemm", "im2col", "pooling", "softmax", "elementwise", "sgd"):
         import kernels.cuda as kc
