@@ -227,10 +227,10 @@ def _max_plane(xp, th, tw, yp, mp):
             best = xp[hs, ws]
             idx = hs * W + ws
             for h in range(hs, he):
-                row = xp[h]
-                for w in range(ws, we):
-                    if row[w] > best:
-                        best = row[w]
+                for w in range(ws, we):         # (no row view: a view costs 2 atomics)
+                    v = xp[h, w]
+                    if v > best:
+                        best = v
                         idx = h * W + w
             yp[p, q] = best
             mp[p, q] = idx
@@ -255,9 +255,8 @@ def _ave_plane(xp, th, tw, yp):
             ws, we = tw[q, 0], tw[q, 1]
             s = yp.dtype.type(0)
             for h in range(hs, he):
-                row = xp[h]
                 for w in range(ws, we):
-                    s += row[w]
+                    s += xp[h, w]
             yp[p, q] = s / (th[p, 2] * tw[q, 2])
 
 
@@ -270,9 +269,8 @@ def _ave_bwd_plane(dyp, th, tw, dxp):
             ws, we = tw[q, 0], tw[q, 1]
             g = dyp[p, q] / (th[p, 2] * tw[q, 2])
             for h in range(hs, he):
-                row = dxp[h]
                 for w in range(ws, we):
-                    row[w] += g
+                    dxp[h, w] += g
 
 
 @njit(nogil=True, cache=True)
