@@ -47,10 +47,12 @@ def _max_fwd(x, kh, kw, sh, sw, ph, pw, y, mask):
         p = (t // PW) % PH
         c = (t // (PW * PH)) % C
         n = t // (PW * PH * C)
-        hs = max(p * sh - ph, 0)
-        ws = max(q * sw - pw, 0)
-        he = min(p * sh - ph + kh, H)
-        we = min(q * sw - pw + kw, W)
+        hs = p * sh - ph
+        ws = q * sw - pw
+        he = hs + kh if hs + kh < H else H          # (min/max spelled out: numba's CUDA
+        we = ws + kw if ws + kw < W else W          #  builtins need a device to compile)
+        hs = hs if hs > 0 else 0
+        ws = ws if ws > 0 else 0
         best = y.dtype.type(0)
         idx = -1
         for h in range(hs, he):
@@ -93,12 +95,12 @@ def _ave_fwd(x, kh, kw, sh, sw, ph, pw, y):
         n = t // (PW * PH * C)
         hs = p * sh - ph
         ws = q * sw - pw
-        he = min(hs + kh, H + ph)
-        we = min(ws + kw, W + pw)
+        he = hs + kh if hs + kh < H + ph else H + ph
+        we = ws + kw if ws + kw < W + pw else W + pw
         div = (he - hs) * (we - ws)
         s = y.dtype.type(0)
-        for h in range(max(hs, 0), min(he, H)):
-            for w in range(max(ws, 0), min(we, W)):
+        for h in range(hs if hs > 0 else 0, he if he < H else H):
+            for w in range(ws if ws > 0 else 0, we if we < W else W):
                 s += x[n, c, h, w]
         y[n, c, p, q] = s / div
         t += cuda.gridsize(1)
@@ -117,11 +119,11 @@ def _ave_bwd_scatter(dy, kh, kw, sh, sw, ph, pw, dx):
         n = t // (PW * PH * C)
         hs = p * sh - ph
         ws = q * sw - pw
-        he = min(hs + kh, H + ph)
-        we = min(ws + kw, W + pw)
+        he = hs + kh if hs + kh < H + ph else H + ph
+        we = ws + kw if ws + kw < W + pw else W + pw
         g = dy[n, c, p, q] / ((he - hs) * (we - ws))
-        for h in range(max(hs, 0), min(he, H)):
-            for w in range(max(ws, 0), min(we, W)):
+        for h in range(hs if hs > 0 else 0, he if he < H else H):
+            for w in range(ws if ws > 0 else 0, we if we < W else W):
                 cuda.atomic.add(dx, (n, c, h, w), g)
         t += cuda.gridsize(1)
 
@@ -141,16 +143,16 @@ def _ave_bwd_gather(dy, kh, kw, sh, sw, ph, pw, dx):
         hp = h + ph
         wp = w + pw
         p0 = 0 if hp < kh else (hp - kh) // sh + 1
-        p1 = min(hp // sh + 1, PH)
+        p1 = hp // sh + 1 if hp // sh + 1 < PH else PH
         q0 = 0 if wp < kw else (wp - kw) // sw + 1
-        q1 = min(wp // sw + 1, PW)
+        q1 = wp // sw + 1 if wp // sw + 1 < PW else PW
         acc = dx.dtype.type(0)
         for p in range(p0, p1):
             hs = p * sh - ph
-            he = min(hs + kh, H + ph)
+            he = hs + kh if hs + kh < H + ph else H + ph
             for q in range(q0, q1):
                 ws = q * sw - pw
-                we = min(ws + kw, W + pw)
+                we = ws + kw if ws + kw < W + pw else W + pw
                 acc += dy[n, c, p, q] / ((he - hs) * (we - ws))
         dx[n, c, h, w] = acc
         t += cuda.gridsize(1)

@@ -61,7 +61,8 @@ def _fwd_thread(x, y):
         k = t - o * inner
         m = x[o, 0, k]
         for c in range(1, C):
-            m = max(m, x[o, c, k])
+            if x[o, c, k] > m:
+                m = x[o, c, k]
         s = y.dtype.type(0)
         for c in range(C):
             e = math.exp(x[o, c, k] - m)
@@ -112,13 +113,15 @@ def make_block_kernels(ROW):
             k = pos - o * inner
             m = x[o, 0, k]
             for c in range(tid, C, ROW):
-                m = max(m, x[o, c, k])
+                if x[o, c, k] > m:
+                    m = x[o, c, k]
             red[tid] = m
             cuda.syncthreads()
             s = ROW // 2
             while s > 0:
                 if tid < s:
-                    red[tid] = max(red[tid], red[tid + s])
+                    if red[tid + s] > red[tid]:
+                        red[tid] = red[tid + s]
                 cuda.syncthreads()
                 s //= 2
             m = red[0]
@@ -232,7 +235,8 @@ def make_loss_kernels(T):
             if li == -2:
                 cuda.atomic.min(out, 2, float(t))
             elif li >= 0:
-                loss -= math.log(max(float(prob[o, li, k]), FLT_MIN))
+                p = float(prob[o, li, k])
+                loss -= math.log(p if p > FLT_MIN else FLT_MIN)
                 count += 1.0
             t += cuda.gridsize(1)
         block_add(red, tid, loss, count, out)
@@ -254,7 +258,8 @@ def make_loss_kernels(T):
             k = t - o * inner
             m = x[o, 0, k]
             for c in range(1, C):
-                m = max(m, x[o, c, k])
+                if x[o, c, k] > m:
+                    m = x[o, c, k]
             s = prob.dtype.type(0)
             for c in range(C):
                 e = math.exp(x[o, c, k] - m)
@@ -267,7 +272,8 @@ def make_loss_kernels(T):
             if li == -2:
                 cuda.atomic.min(out, 2, float(t))
             elif li >= 0:
-                loss += min(math.log(float(s)) - float(x[o, li, k] - m), cap)
+                nll = math.log(float(s)) - float(x[o, li, k] - m)
+                loss += nll if nll < cap else cap
                 count += 1.0
             t += cuda.gridsize(1)
         block_add(red, tid, loss, count, out)
