@@ -1,0 +1,201 @@
+"""GPU kernel benchmark: ``python -m kernels.cuda.bench [--family gemm] [--size N] [--repeat R]``.
+
+Every version of every family, on CuPy arrays, each checked against the CPU file's float64
+reference on a small case before anything is timed (a wrong kernel is never reported as fast).
+Timing follows llm.c's ``benchmark_kernel``: warm-up calls (numba compiles on the first), then
+``repeat`` timed calls, each bracketed by CUDA events on the launch stream, with the L2 cache
+flushed before each (a write of a buffer larger than L2), and the median reported.  Figures:
+
+* GEMM: GFLOP/s (2*M*N*K per call) and the ratio to cuBLAS (CuPy's matmul) on the same shape;
+* the rest: GB/s (bytes each call must read and write at least once) and the ratio to the
+  device's measured copy bandwidth (a CuPy device-to-device copy of the same size).
+
+Where there is no GPU (no CuPy, no device, or NUMBA_ENABLE_CUDASIM=1) it says so and exits 0:
+the simulator proves correctness, not speed, and timing it would mislead.
+"""
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+
+def why_no_gpu():
+    import os
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0"):
+        return "NUMBA_ENABLE_CUDASIM=1: numba's simulator would be timed, which measures nothing about a GPU"
+    try:
+        import cupy
+    except ImportError as e:
+        return f"CuPy is not installed ({e}); pip install -e \".[cuda]\""
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no NVIDIA GPU"
+    except Exception as e:
+        return f"CuPy sees no usable NVIDIA GPU ({type(e).__name__}: {e})"
+    return None
+
+
+class Timer:
+    """CUDA-event timing on CuPy's current stream, with an L2 flush before every call."""
+
+    def __init__(self, cupy, warmup=3, repeat=20):
+        self.cp = cupy
+        self.warmup, self.repeat = warmup, repeat
+        l2 = cupy.cuda.Device().attributes.get("L2CacheSize", 64 << 20)
+        self.flush_buf = cupy.empty(max(2 * l2, 1 << 24) // 4, dtype=np.float32)
+
+    def __call__(self, fn):
+        cp = self.cp
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.repeat):
+            self.flush_buf.fill(1.0)                  # evict whatever the last call left in L2
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
+        return statistics.median(times)
+
+
+def copy_bandwidth(cp, timer, nbytes):
+    a = cp.empty(nbytes // 4, dtype=np.float32)
+    b = cp.empty_like(a)
+    t = timer(lambda: cp.copyto(b, a))
+    return 2 * a.nbytes / t / 1e9
+
+
+def row(name, version, seconds, figure, unit, ratio, ratio_of):
+    print(f"  {name:<16} {version:<14} {seconds * 1e6:10.1f} us  {figure:9.1f} {unit:<7} {ratio:6.2f}x {ratio_of}")
+
+
+def check(ok, what):
+    if not ok:
+        raise SystemExit(f"bench: {what} does not match its reference -- not timing a wrong kernel")
+
+
+def bench_gemm(L, timer, size):
+    cp = L.xp
+    from kernels.gemm import gemm_reference
+    from . import gemm
+    print(f"gemm  C = A @ B, float32, M = N = K = {size}  (GFLOP/s; ratio to cuBLAS)")
+    rng = np.random.default_rng(0)
+    sa, sb = rng.standard_normal((67, 45)).astype(np.float32), rng.standard_normal((45, 71)).astype(np.float32)
+    ref = gemm_reference(False, False, 1.0, sa, sb, 0.0, None)
+    a = cp.asarray(rng.standard_normal((size, size), dtype=np.float32))
+    b = cp.asarray(rng.standard_normal((size, size), dtype=np.float32))
+    c = cp.empty((size, size), np.float32)
+    flops = 2.0 * size ** 3
+    base = None
+    for version, f in gemm.VERSIONS["gemm"].items():
+        sc = cp.zeros((67, 71), np.float32)
+        f(L, False, False, 1.0, cp.asarray(sa), cp.asarray(sb), 0.0, sc)
+        check(np.allclose(cp.asnumpy(sc), ref, rtol=1e-4, atol=1e-4), f"gemm {version}")
+        t = timer(lambda: f(L, False, False, 1.0, a, b, 0.0, c))
+        base = base or t
+        row("gemm", version, t, flops / t / 1e9, "GFLOP/s", base / t, "of cuBLAS")
+
+
+def bench_streams(L, timer, size, families):
+    """The memory-bound families: GB/s against the device's copy bandwidth."""
+    cp = L.xp
+    from . import elementwise, im2col, pooling, sgd, softmax
+    n = size * size * 16
+    peak = copy_bandwidth(cp, timer, 4 * n)
+    print(f"memory-bound kernels, float32 (GB/s; ratio to a device copy: {peak:.0f} GB/s)")
+    rng = np.random.default_rng(1)
+    f32 = np.float32
+    x = cp.asarray(rng.standard_normal(n, dtype=f32))
+    y = cp.empty_like(x)
+    dy = cp.asarray(rng.standard_normal(n, dtype=f32))
+    cases = []
+    if "elementwise" in families:
+        for fn in ("relu_fwd", "sigmoid_fwd", "tanh_fwd"):
+            for v, f in elementwise.VERSIONS[fn].items():
+                args = (x, 0.0, y) if fn == "relu_fwd" else (x, y)
+                cases.append((fn, v, (lambda f=f, args=args: f(L, *args)), 8 * n))
+        for v, f in elementwise.VERSIONS["relu_bwd"].items():
+            cases.append(("relu_bwd", v, (lambda f=f: f(L, x, dy, 0.0, y)), 12 * n))
+    if "sgd" in families:
+        w, g, h = (cp.asarray(rng.standard_normal(n, dtype=f32)) for _ in range(3))
+        cases.append(("sgd_update", "v1_gridstride", lambda: sgd.sgd_update(L, g, h, 0.9, 0.01), 16 * n))
+        cases.append(("sgd_step", "v1_gridstride", lambda: sgd.sgd_step(L, w, g, h, 0.9, 0.01, 5e-4), 24 * n))
+    if "im2col" in families:
+        N, C, H = 64, 32, 28
+        xi = cp.asarray(rng.standard_normal((N, C, H, H), dtype=f32))
+        col = cp.empty((C * 9, N * H * H), f32)
+        for v, f in im2col.VERSIONS["im2col"].items():
+            cases.append(("im2col 3x3 p1", v, (lambda f=f: f(L, xi, 3, 3, 1, 1, 1, 1, 1, 1, col)), xi.nbytes + col.nbytes))
+        for v, f in im2col.VERSIONS["col2im"].items():
+            cases.append(("col2im 3x3 p1", v, (lambda f=f: f(L, col, 3, 3, 1, 1, 1, 1, 1, 1, xi)), xi.nbytes + col.nbytes))
+    if "pooling" in families:
+        N, C, H = 64, 32, 56
+        xp_ = cp.asarray(rng.standard_normal((N, C, H, H), dtype=f32))
+        yp = cp.empty((N, C, H // 2, H // 2), f32)
+        mk = cp.empty(yp.shape, np.int32)
+        dxp = cp.empty_like(xp_)
+        for v, f in pooling.VERSIONS["max_pool_fwd"].items():
+            cases.append(("max_pool 2x2", v, (lambda f=f: f(L, xp_, 2, 2, 2, 2, 0, 0, yp, mk)), xp_.nbytes + 2 * yp.nbytes))
+        for v, f in pooling.VERSIONS["ave_pool_bwd"].items():
+            cases.append(("ave_pool_bwd", v, (lambda f=f: f(L, yp, 2, 2, 2, 2, 0, 0, dxp)), xp_.nbytes + yp.nbytes))
+    if "softmax" in families:
+        for shape in ((size * 16, 1000, 1), (16, 21, size * 64)):
+            xs = cp.asarray(rng.standard_normal(shape, dtype=f32))
+            ys = cp.empty_like(xs)
+            for v, f in softmax.VERSIONS["softmax_fwd"].items():
+                cases.append((f"softmax {shape[1]}x{shape[2]}", v, (lambda f=f, xs=xs, ys=ys: f(L, xs, ys)), 2 * xs.nbytes))
+    for name, v, fn, nbytes in cases:
+        t = timer(fn)
+        row(name, v, t, nbytes / t / 1e9, "GB/s", nbytes / t / 1e9 / peak, "of copy")
+
+
+def check_small(L):
+    """Every non-GEMM version against its reference on a small case, before timing."""
+    cp = L.xp
+    from kernels.softmax import softmax_fwd_reference
+    from . import softmax
+    x = np.random.default_rng(2).standard_normal((7, 13, 3)).astype(np.float32)
+    for v, f in softmax.VERSIONS["softmax_fwd"].items():
+        y = cp.empty(x.shape, np.float32)
+        f(L, cp.asarray(x), y)
+        check(np.allclose(cp.asnumpy(y), softmax_fwd_reference(x), rtol=1e-5, atol=1e-6), f"softmax_fwd {v}")
+    # (the full per-version checks are tests/test_cuda_kernels.py, run on a GPU with -m gpu)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m kernels.cuda.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--family", action="append", choices=("gemm", "im2col", "pooling", "softmax", "elementwise", "sgd"),
+                   help="benchmark only these families (repeatable; default all)")
+    p.add_argument("--size", type=int, default=2048, help="GEMM edge; the other shapes scale with it")
+    p.add_argument("--repeat", type=int, default=20)
+    args = p.parse_args(argv)
+    reason = why_no_gpu()
+    if reason:
+        print(f"kernels.cuda.bench: no GPU benchmark here -- {reason}.")
+        print("The GPU kernels are still tested on this machine, in numba's CUDA simulator "
+              "(pytest tests/test_cuda_kernels.py); the simulator proves correctness, not speed.")
+        return 0
+    import cupy
+    from numba import cuda  # noqa: F401  (the real target: NUMBA_ENABLE_CUDASIM is not set)
+    from . import _launch
+    L = _launch.launcher(simulator=False)
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    print(f"device: {props['name'].decode()}  (cc {props['major']}.{props['minor']}, "
+          f"{props['multiProcessorCount']} SMs, L2 {dev.attributes.get('L2CacheSize', 0) >> 20} MiB)")
+    timer = Timer(cupy, repeat=args.repeat)
+    families = args.family or ["gemm", "im2col", "pooling", "softmax", "elementwise", "sgd"]
+    check_small(L)
+    if "gemm" in families:
+        bench_gemm(L, timer, args.size)
+    rest = [f for f in families if f != "gemm"]
+    if rest:
+        bench_streams(L, timer, args.size // 16 or 1, rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
