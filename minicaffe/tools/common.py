@@ -121,3 +121,28 @@ class Progress:
     def close(self):
         if self.enabled:
             self.clear()
+
+
+def run_net_tool(args, body):
+    """The frame of ``test`` and ``time``: settings from the common flags, the net, one-line errors.
+
+    ``body(net, path, log)`` does the tool's work on the net built from ``args.model``.
+    """
+    from .. import backend as _backend
+    from ..net import Net
+    log = Logger()
+    try:
+        if args.iterations < 1:
+            raise MinicaffeError(f"--iterations must be >= 1, got {args.iterations}")
+        if args.data_dir:
+            from ..data import set_data_dir
+            set_data_dir(args.data_dir)
+        _backend.set_mode("gpu" if args.device == "gpu" else "cpu")
+        path = resolve_net(args.model, "train_test")
+        log(banner())
+        net = Net(path, args.phase, weights=getattr(args, "weights", None))
+        body(net, path, log)
+        return 0
+    except MinicaffeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

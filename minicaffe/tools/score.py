@@ -7,15 +7,11 @@ Runs the net (TEST phase by default) for ``--iterations`` batches, prints every 
 (``Batch 3, accuracy = 0.99``) and the mean of each output over all batches.
 """
 import argparse
-import sys
 import time
 
 import numpy as np
 
-from .. import backend as _backend
-from ..errors import MinicaffeError
-from ..net import Net
-from .common import Logger, banner, resolve_net
+from .common import run_net_tool
 
 
 def build_parser():
@@ -50,22 +46,11 @@ def score(net, iterations, log, quiet=False):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    log = Logger()
-    try:
-        if args.iterations < 1:
-            raise MinicaffeError(f"--iterations must be >= 1, got {args.iterations}")
-        if args.data_dir:
-            from ..data import set_data_dir
-            set_data_dir(args.data_dir)
-        _backend.set_mode("gpu" if args.device == "gpu" else "cpu")
-        path = resolve_net(args.model, "train_test")
-        log(banner())
-        net = Net(path, args.phase, weights=args.weights)
+
+    def body(net, path, log):
         log(f"Scoring {net.name} ({path}) with {args.weights} for {args.iterations} iterations")
         t = time.perf_counter()
         score(net, args.iterations, log, args.quiet)
         log(f"Done in {time.perf_counter() - t:.2f} s")
-        return 0
-    except MinicaffeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+
+    return run_net_tool(args, body)

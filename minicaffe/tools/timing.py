@@ -9,13 +9,9 @@ forward, backward and total per iteration, and each layer's share.
 """
 import argparse
 import statistics
-import sys
 import time
 
-from .. import backend as _backend
-from ..errors import MinicaffeError
-from ..net import Net
-from .common import Logger, banner, resolve_net
+from .common import run_net_tool
 
 
 def build_parser():
@@ -76,23 +72,12 @@ def report(net, fwd, bwd, totals, log):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    log = Logger()
-    try:
-        if args.iterations < 1:
-            raise MinicaffeError(f"--iterations must be >= 1, got {args.iterations}")
-        if args.data_dir:
-            from ..data import set_data_dir
-            set_data_dir(args.data_dir)
-        _backend.set_mode("gpu" if args.device == "gpu" else "cpu")
-        path = resolve_net(args.model, "train_test")
-        log(banner())
-        net = Net(path, args.phase)
+
+    def body(net, path, log):
         log(f"*** Benchmark begins *** {net.name} ({path}), {args.phase}, {args.warmup} warm-up + "
             f"{args.iterations} timed iterations")
         fwd, bwd, totals = time_layers(net, args.iterations, args.warmup)
         report(net, fwd, bwd, totals, log)
         log("*** Benchmark ends ***")
-        return 0
-    except MinicaffeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+
+    return run_net_tool(args, body)
