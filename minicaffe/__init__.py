@@ -19,6 +19,11 @@ from .rng import set_random_seed
 
 __version__ = "0.1.0"
 
+__all__ = ["Blob", "Layer", "Net", "TRAIN", "TEST", "io", "set_mode_cpu", "set_mode_gpu", "set_device",
+           "set_random_seed", "layer_type_list", "MinicaffeError", "PrototxtError", "LayerError", "NetError",
+           "SolverError", "WeightsError", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
+           "AdaDeltaSolver", "AdamSolver", "get_solver"]
+
 
 def set_mode_cpu():
     _backend.set_mode("cpu")

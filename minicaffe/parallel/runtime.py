@@ -188,7 +188,7 @@ class ParallelTrainer:
         return _Ctx()
 
     def _install(self, iters, handle_sigint):
-        solver, net = self.solver, self.solver.net
+        solver = self.solver
         self._limit = max(0, iters) * self.iter_size
         self._iter0 = solver.iter
         self._clock = 0               # the next clock the server reduces
@@ -230,7 +230,7 @@ class ParallelTrainer:
                  f"{self.batch}, BLAS threads {self.blas_threads}")
 
     def _uninstall(self):
-        solver, net = self.solver, self.solver.net
+        solver = self.solver
         self.timing["wall"] = time.perf_counter() - self._t0
         with self._cv:
             self._stop = True

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from .. import rng as _rng
-from ..errors import MinicaffeError, SolverError, did_you_mean
+from ..errors import SolverError
 from ..io import atomic_write, save_weights
 from ..net import Net, TEST, TRAIN, load_net_param
 from . import lr_policy
