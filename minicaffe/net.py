@@ -385,11 +385,12 @@ class Net:
                 raise NetError(f"{what}: '{name}' is not a blob of net '{self.name}'."
                                + did_you_mean(name, self.blobs, "blobs"))
             blob = self.blobs[name]
-            value = np.asarray(value) if self.xp is np else value
+            value = np.asarray(value) if not hasattr(value, "shape") else value
             if tuple(value.shape) != blob.shape:
                 raise NetError(f"{what}: blob '{name}' has shape {blob.shape} but the array given has shape "
                                f"{tuple(value.shape)}; call net.blobs['{name}'].reshape(...) and net.reshape() first")
-            (blob.data if what == "forward" else blob.diff)[...] = value
+            # a counted host->device copy on a GPU backend (no copy of a device array)
+            (blob.data if what == "forward" else blob.diff)[...] = self.backend.from_host(value, blob.dtype)
 
     def forward(self, blobs=None, start=None, end=None, **kwargs):
         """pycaffe's forward: set inputs from keyword arrays, run, return {output: array}."""

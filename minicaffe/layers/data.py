@@ -101,9 +101,10 @@ class Data(Layer):
             data, labels = self.prefetcher.next()
         except DatasetError as e:
             raise self.error(str(e)) from None
-        top[0].data = data
+        # one counted host->device copy per top on a GPU backend; a plain copy on the CPU
+        top[0].data[...] = self.backend.from_host(data.reshape(top[0].shape), self.dtype)
         if len(top) > 1:
-            top[1].data = labels
+            top[1].data[...] = self.backend.from_host(labels.reshape(top[1].shape), self.dtype)
 
     def state_dict(self):
         """The reader's position as plain JSON (see minicaffe.data.reader)."""
