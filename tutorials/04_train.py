@@ -15,13 +15,13 @@ from minicaffe.solvers import load_solver_param
 
 QUICK = os.environ.get("MINICAFFE_TUTORIAL_QUICK") == "1"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-iters = 40 if QUICK else 500
+iters = 16 if QUICK else 500
 
 solver_path = os.path.join(ROOT, "nets", "lenet_solver.prototxt")
 if QUICK:
     # the tests run this lesson without MNIST: a learnable synthetic set of the same shape
     for name in ("mnist_train", "mnist_test"):
-        ds = data.synthetic_dataset((1, 28, 28), num_classes=10, count=640, seed=1)
+        ds = data.synthetic_dataset((1, 28, 28), num_classes=10, count=256, seed=1)
         data.register_dataset(name, ds.images, ds.labels)
 
 out = tempfile.mkdtemp(prefix="lesson4-")
