@@ -404,10 +404,11 @@ def _gemm_v4_micro(alpha, a, ta, b, tb, beta, C):
     4x3 register-blocked micro-kernel; a short K with an untransposed B takes the AXPY path."""
     _scale_rows(beta, C)
     M, N, K = _dims(a, ta, b, tb)
+    j_lo = N - N          # (not the literal 0: numba would compile a second specialization)
     if K <= KSHORT and not tb:
-        _gemm_short_k(alpha, a, ta, b, C, 0, N)
+        _gemm_short_k(alpha, a, ta, b, C, j_lo, N)
     else:
-        _gemm_v4_cols(alpha, a, ta, b, tb, C, 0, N)
+        _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, N)
 
 
 # -- v5: v4 across cores ----------------------------------------------------------------------
