@@ -6,7 +6,7 @@ switches the version the engine runs.
 """
 import numpy as np
 
-from kernels import elementwise, gemm as _gemm, im2col as _im2col, pooling, softmax
+from kernels import elementwise, gemm as _gemm, im2col as _im2col, pooling, sgd, softmax
 
 name = "cpu"
 xp = np
@@ -94,3 +94,12 @@ def tanh_fwd(x, y):
 
 def tanh_bwd(y, dy, dx):
     elementwise.tanh_bwd(y, dy, dx)
+
+
+# -- solver update --------------------------------------------------------------------------------
+def sgd_step(w, g, h, momentum, local_rate, decay):
+    """One SGD iteration for a flat parameter, fused: h = m h + lr (g + decay w); w -= h.
+
+    g is left unspecified afterwards (the solver clears parameter diffs before the next step).
+    """
+    sgd.sgd_momentum_update(w, g, h, local_rate, momentum, decay)

@@ -11,6 +11,16 @@ from .solver import Solver
 class SGDSolver(Solver):
     type = "SGD"
 
+    def update_parameter(self, i, rate):
+        """With L2 decay the whole step is one fused kernel pass (kernels/sgd.py); else Caffe's steps."""
+        if self.param.regularization_type != "L2":
+            return super().update_parameter(i, rate)
+        p = self.net.learnable_params[i]
+        self.normalize(i)
+        decay = self.param.weight_decay * self.net.params_weight_decay[i]
+        self.net.backend.sgd_step(p.flat_data, p.flat_diff, self.history[0][i].reshape(-1),
+                                  self.param.momentum, rate * self.net.params_lr[i], decay)
+
     def compute_update_value(self, i, rate):
         p = self.net.learnable_params[i]
         local_rate = rate * self.net.params_lr[i]

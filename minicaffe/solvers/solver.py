@@ -262,14 +262,17 @@ class Solver:
         if display:
             self.log(f"Iteration {self.iter}, lr = {rate:.6g}")
         self.clip_gradients()
-        params = self.net.learnable_params
-        for i, p in enumerate(params):
-            self.normalize(i)
-            self.regularize(i)
-            self.compute_update_value(i, rate)
-        for p in params:
-            p.flat_data[...] -= p.flat_diff
+        for i in range(len(self.net.learnable_params)):
+            self.update_parameter(i, rate)
         return rate
+
+    def update_parameter(self, i, rate):
+        """Caffe's per-parameter sequence: normalize -> regularize -> the rule -> data -= diff."""
+        p = self.net.learnable_params[i]
+        self.normalize(i)
+        self.regularize(i)
+        self.compute_update_value(i, rate)
+        p.flat_data[...] -= p.flat_diff
 
     def clip_gradients(self):
         clip = self.param.clip_gradients
