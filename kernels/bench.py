@@ -584,21 +584,34 @@ def simd_report():
     """What the compiler made of the GEMM micro-kernel: count packed FMAs in its hot loop."""
     import re
     from kernels import gemm as G
-    fn = G._gemm_v4_cols
-    if not fn.signatures:
-        a = np.ones((8, 8), F32)
-        G.VERSIONS["gemm"]["v4_micro"](False, False, 1.0, a, a, 0.0, np.empty_like(a))
+    from numba import njit
+    # numba cannot show the assembly of cache-loaded code: compile a private, uncached copy
+    opts = {k: v for k, v in G._gemm_v4_cols.targetoptions.items()
+            if k not in ("cache", "nopython")}
+    fn = njit(**opts)(G._gemm_v4_cols.py_func)
+    for dt in (np.float32, np.float64):
+        a = np.ones((8, 8), dt)
+        fn(dt(1), a, False, a, False, np.zeros_like(a), 0, 8)
     out = {}
     for sig in fn.signatures:
         asm = fn.inspect_asm(sig)
         blocks = re.split(r"\n(?=\.LBB)", asm)
         hot = max(blocks, key=lambda b: len(re.findall(r"vfmadd\w+p[sd]\s+%ymm", b)))
-        out[str(sig[0].dtype) if hasattr(sig[0], "dtype") else str(sig)] = dict(
-            packed_ymm_fma_in_hot_block=len(re.findall(r"vfmadd\w+p[sd]\s+%ymm", hot)),
-            vector_loads_in_hot_block=len(re.findall(r"vmovu?p[sd]\s+\(.*%ymm", hot)),
-            hot_block_instructions=len([ln for ln in hot.splitlines()
-                                        if ln.startswith("\t") and not ln.startswith("\t.")]),
-            zmm_used=("zmm" in asm))
+        body = []
+        for ln in hot.splitlines()[1:]:          # the loop body: up to its backward branch
+            if ln.startswith("\t") and not ln.startswith("\t."):
+                body.append(ln.strip())
+                if re.match(r"j\w+\s+\.LBB", ln.strip()):
+                    break
+        key = str(sig[1].dtype)
+        out[key] = dict(loop_body_instructions=len(body),
+                        packed_ymm_fma=sum(bool(re.match(r"vfmadd\w+p[sd]\s+%ymm", b))
+                                           for b in body),
+                        packed_ymm_loads=sum(bool(re.match(r"vmovu?p[sd]\s+\(.*%ymm", b))
+                                             for b in body),
+                        zmm_used="zmm" in asm)
+        if key == "float32":
+            out["float32_loop_body"] = body
     return out
 
 
