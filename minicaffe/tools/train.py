@@ -84,9 +84,16 @@ def plot_curves(data, path):
     for col, key, label in ((0, "iter", "iteration"), (1, "seconds", "seconds")):
         ax = axes[0][col]
         if train["iter"]:
-            ax.plot(train[key], train["loss"], lw=0.6, alpha=0.6, label="train loss")
+            ax.plot(train[key], train["loss"], lw=0.5, alpha=0.35, color="C0", label="train loss")
+            window = min(100, len(train["loss"]))
+            if window > 1:
+                import numpy as np
+                smooth = np.convolve(train["loss"], np.ones(window) / window, mode="valid")
+                ax.plot(train[key][window - 1:], smooth, lw=1.5, color="C0",
+                        label=f"train loss, mean of {window}")
         if tests and "loss" in tests[0]["outputs"]:
-            ax.plot([t[key] for t in tests], [t["outputs"]["loss"] for t in tests], "o-", label="test loss")
+            ax.plot([t[key] for t in tests], [t["outputs"]["loss"] for t in tests], "o-", color="C1",
+                    label="test loss")
         ax.set_yscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("loss")
@@ -94,8 +101,12 @@ def plot_curves(data, path):
         ax.grid(alpha=0.3)
         ax = axes[1][col]
         accs = [k for k in (tests[0]["outputs"] if tests else {}) if "acc" in k]
-        for k in accs:
-            ax.plot([t[key] for t in tests], [t["outputs"][k] for t in tests], "o-", label=f"test {k}")
+        for j, k in enumerate(accs):
+            values = [t["outputs"][k] for t in tests]
+            ax.plot([t[key] for t in tests], values, "o-", color=f"C{j + 1}", label=f"test {k}")
+            if len(values) > 2:       # zoom on the end of training; the first test may fall below
+                low = min(values[1:])
+                ax.set_ylim(max(0.0, low - 0.1 * (1 - low) - 0.002), min(1.0, max(values) + 0.1 * (1 - low) + 0.002))
         ax.set_xlabel(label)
         ax.set_ylabel("accuracy")
         if accs:
