@@ -329,7 +329,10 @@ def _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, j_hi):
                 _macro(alpha, Ap, mc, Bp, nc, kp, C, ic, jc, 0, (nc + NR - 1) // NR)
 
 
-KSHORT, NB = 64, 2048   # the AXPY path: K <= KSHORT; C rows of NB values (8 KB) per pass
+# the AXPY kernel (op(B) = B, rows of B contiguous along N): it runs when K is short or M is
+# small, where the dot-product form's transposed packing of B is not paid back
+KSHORT, MSMALL = 64, 128
+NB, KB = 1024, 256      # a pass updates C[4 rows, NB columns] (16 KB) from B[KB rows, NB]
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -337,76 +340,83 @@ def _av(a, ta, i, p, alpha):
     return alpha * (a[p, i] if ta else a[i, p])
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
-def _gemm_short_k(alpha, a, ta, b, C, j_lo, j_hi):
-    """C[:, j_lo:j_hi] += alpha * op(A) @ B for a short K and an untransposed B, in AXPY form:
-    rows of C are updated along unit-stride rows of B, four rows of C and four values of k
-    per pass,
+@njit(nogil=True, cache=True, fastmath={"contract"}, inline="always")
+def _axpy_block(alpha, a, ta, b, C, j0, j1, p0, p1):
+    """C[:, j0:j1] += alpha * op(A)[:, p0:p1] @ B[p0:p1, j0:j1], four rows of C and four
+    values of k per pass:
 
         c_i[j] += x_i0 * b[p, j] + x_i1 * b[p+1, j] + x_i2 * b[p+2, j] + x_i3 * b[p+3, j]
 
-    so each vector load and store of C carries four FMAs, and each load of B four more.
-    There are no horizontal sums: with K = 25 (LeNet's conv1) the dot-product micro-kernel
-    spends more time on its 12 reductions than on its 4 vector iterations.  (One k per pass
-    -- the obvious AXPY -- is bound by one store of C per FMA: 10 GFLOP/s here; four: 37.)"""
+    Each vector load and store of C carries four FMAs, and each load of B four more; there
+    are no horizontal sums and nothing is packed.  (With one k per pass -- the textbook
+    AXPY -- the store of C limits it to one FMA per cycle: 10 GFLOP/s on LeNet's conv1.)"""
     M = C.shape[0]
-    K = a.shape[0] if ta else a.shape[1]
-    K4 = K - K % 4
+    w = j1 - j0
+    p4 = p1 - (p1 - p0) % 4
+    for i0 in range(0, M, 4):
+        r = min(4, M - i0)
+        # missing rows (r < 4) repeat the last one: computed, never stored
+        i1, i2, i3 = i0 + min(1, r - 1), i0 + min(2, r - 1), i0 + min(3, r - 1)
+        c0, c1, c2, c3 = C[i0, j0:j1], C[i1, j0:j1], C[i2, j0:j1], C[i3, j0:j1]
+        for p in range(p0, p4, 4):
+            b0, b1, b2, b3 = b[p, j0:j1], b[p + 1, j0:j1], b[p + 2, j0:j1], b[p + 3, j0:j1]
+            x00, x01 = _av(a, ta, i0, p, alpha), _av(a, ta, i0, p + 1, alpha)
+            x02, x03 = _av(a, ta, i0, p + 2, alpha), _av(a, ta, i0, p + 3, alpha)
+            x10, x11 = _av(a, ta, i1, p, alpha), _av(a, ta, i1, p + 1, alpha)
+            x12, x13 = _av(a, ta, i1, p + 2, alpha), _av(a, ta, i1, p + 3, alpha)
+            x20, x21 = _av(a, ta, i2, p, alpha), _av(a, ta, i2, p + 1, alpha)
+            x22, x23 = _av(a, ta, i2, p + 2, alpha), _av(a, ta, i2, p + 3, alpha)
+            x30, x31 = _av(a, ta, i3, p, alpha), _av(a, ta, i3, p + 1, alpha)
+            x32, x33 = _av(a, ta, i3, p + 2, alpha), _av(a, ta, i3, p + 3, alpha)
+            if r == 4:
+                for j in range(w):
+                    u, v, s, t = b0[j], b1[j], b2[j], b3[j]
+                    c0[j] += x00 * u + x01 * v + x02 * s + x03 * t
+                    c1[j] += x10 * u + x11 * v + x12 * s + x13 * t
+                    c2[j] += x20 * u + x21 * v + x22 * s + x23 * t
+                    c3[j] += x30 * u + x31 * v + x32 * s + x33 * t
+            else:
+                for j in range(w):
+                    u, v, s, t = b0[j], b1[j], b2[j], b3[j]
+                    c0[j] += x00 * u + x01 * v + x02 * s + x03 * t
+                if r > 1:
+                    for j in range(w):
+                        u, v, s, t = b0[j], b1[j], b2[j], b3[j]
+                        c1[j] += x10 * u + x11 * v + x12 * s + x13 * t
+                if r > 2:
+                    for j in range(w):
+                        u, v, s, t = b0[j], b1[j], b2[j], b3[j]
+                        c2[j] += x20 * u + x21 * v + x22 * s + x23 * t
+        for p in range(p4, p1):                       # the last (p1 - p0) % 4 values of k
+            bp = b[p, j0:j1]
+            for i in range(i0, i0 + r):
+                x = _av(a, ta, i, p, alpha)
+                ci = C[i, j0:j1]
+                for j in range(w):
+                    ci[j] += x * bp[j]
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _gemm_axpy(alpha, a, ta, b, C, j_lo, j_hi):
+    """C[:, j_lo:j_hi] += alpha * op(A) @ B (B untransposed) in NB x KB blocks: the B block
+    (KB x NB, 1 MB) is read from L2/L3 once per four rows of C, which stay in L1."""
+    K = b.shape[0]
     for j0 in range(j_lo, j_hi, NB):
         j1 = min(j0 + NB, j_hi)
-        w = j1 - j0
-        for i0 in range(0, M, 4):
-            r = min(4, M - i0)
-            # missing rows (r < 4) repeat the last one: computed, never stored
-            i1, i2, i3 = i0 + min(1, r - 1), i0 + min(2, r - 1), i0 + min(3, r - 1)
-            c0, c1, c2, c3 = C[i0, j0:j1], C[i1, j0:j1], C[i2, j0:j1], C[i3, j0:j1]
-            for p in range(0, K4, 4):
-                b0, b1, b2, b3 = b[p, j0:j1], b[p + 1, j0:j1], b[p + 2, j0:j1], b[p + 3, j0:j1]
-                x00, x01 = _av(a, ta, i0, p, alpha), _av(a, ta, i0, p + 1, alpha)
-                x02, x03 = _av(a, ta, i0, p + 2, alpha), _av(a, ta, i0, p + 3, alpha)
-                x10, x11 = _av(a, ta, i1, p, alpha), _av(a, ta, i1, p + 1, alpha)
-                x12, x13 = _av(a, ta, i1, p + 2, alpha), _av(a, ta, i1, p + 3, alpha)
-                x20, x21 = _av(a, ta, i2, p, alpha), _av(a, ta, i2, p + 1, alpha)
-                x22, x23 = _av(a, ta, i2, p + 2, alpha), _av(a, ta, i2, p + 3, alpha)
-                x30, x31 = _av(a, ta, i3, p, alpha), _av(a, ta, i3, p + 1, alpha)
-                x32, x33 = _av(a, ta, i3, p + 2, alpha), _av(a, ta, i3, p + 3, alpha)
-                if r == 4:
-                    for j in range(w):
-                        u, v, s, t = b0[j], b1[j], b2[j], b3[j]
-                        c0[j] += x00 * u + x01 * v + x02 * s + x03 * t
-                        c1[j] += x10 * u + x11 * v + x12 * s + x13 * t
-                        c2[j] += x20 * u + x21 * v + x22 * s + x23 * t
-                        c3[j] += x30 * u + x31 * v + x32 * s + x33 * t
-                else:
-                    for j in range(w):
-                        u, v, s, t = b0[j], b1[j], b2[j], b3[j]
-                        c0[j] += x00 * u + x01 * v + x02 * s + x03 * t
-                    if r > 1:
-                        for j in range(w):
-                            u, v, s, t = b0[j], b1[j], b2[j], b3[j]
-                            c1[j] += x10 * u + x11 * v + x12 * s + x13 * t
-                    if r > 2:
-                        for j in range(w):
-                            u, v, s, t = b0[j], b1[j], b2[j], b3[j]
-                            c2[j] += x20 * u + x21 * v + x22 * s + x23 * t
-            for p in range(K4, K):                   # the last K % 4 values of k
-                bp = b[p, j0:j1]
-                for i in range(i0, i0 + r):
-                    x = _av(a, ta, i, p, alpha)
-                    ci = C[i, j0:j1]
-                    for j in range(w):
-                        ci[j] += x * bp[j]
+        for p0 in range(0, K, KB):
+            _axpy_block(alpha, a, ta, b, C, j0, j1, p0, min(p0 + KB, K))
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
 def _gemm_v4_micro(alpha, a, ta, b, tb, beta, C):
     """The BLIS loop nest (jc, pc: pack B; ic: pack A; jr, ir: micro-kernel) around the
-    4x3 register-blocked micro-kernel; a short K with an untransposed B takes the AXPY path."""
+    4x3 register-blocked micro-kernel -- or, for an untransposed B with a short K or few rows
+    (im2col's col: LeNet's and CIFAR's convolutions), the AXPY kernel."""
     _scale_rows(beta, C)
     M, N, K = _dims(a, ta, b, tb)
     j_lo = N - N          # (not the literal 0: numba would compile a second specialization)
-    if K <= KSHORT and not tb:
-        _gemm_short_k(alpha, a, ta, b, C, j_lo, N)
+    if not tb and (K <= KSHORT or M <= MSMALL):
+        _gemm_axpy(alpha, a, ta, b, C, j_lo, N)
     else:
         _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, N)
 
@@ -425,8 +435,8 @@ def _gemm_v5_prange_T(alpha, a, ta, b, tb, beta, C, T):
         j_lo = min(t * per, N)
         j_hi = min(j_lo + per, N)
         if j_hi > j_lo:
-            if K <= KSHORT and not tb:
-                _gemm_short_k(alpha, a, ta, b, C, j_lo, j_hi)
+            if not tb and (K <= KSHORT or M <= MSMALL):
+                _gemm_axpy(alpha, a, ta, b, C, j_lo, j_hi)
             else:
                 _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, j_hi)
 

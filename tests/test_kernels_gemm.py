@@ -43,21 +43,26 @@ def test_every_version(M, N, Kd, trans_a, trans_b, ab, seed):
             assert_close(c, ref, tol, kernel="gemm", version=ver, shape=desc)
 
 
-@pytest.mark.parametrize("shape", [(64, 500, 800), (20, 300, 25), (50, 64, 500), (130, 70, 300)])
+@pytest.mark.parametrize("shape", [(64, 500, 800, True), (20, 1100, 25, False),
+                                   (50, 64, 600, False), (130, 70, 300, True),
+                                   (133, 70, 300, False), (9, 1030, 70, False)])
 def test_engine_shapes(shape):
-    """LeNet-like shapes, big enough to cross every blocking boundary of the ladder."""
-    M, N, Kd = shape
+    """Engine-like shapes, big enough to cross every blocking boundary of the ladder and to
+    take both of v4's kernels (dot-product for a transposed B or many rows of A, AXPY for an
+    untransposed B with short K or few rows)."""
+    M, N, Kd, tb = shape
     rng = np.random.default_rng(11)
     a = rng.standard_normal((M, Kd)).astype(np.float32)
-    b = rng.standard_normal((N, Kd)).astype(np.float32)     # Caffe's weights: trans_b
-    ref = K.gemm_reference(False, True, 1.0, a, b, 0.0, None)
-    tol = _tol(np.float32, False, True, 1.0, a, b, 0.0, np.zeros((M, N)))
+    b = rng.standard_normal((N, Kd) if tb else (Kd, N)).astype(np.float32)
+    ref = K.gemm_reference(False, tb, 1.0, a, b, 0.0, None)
+    tol = _tol(np.float32, False, tb, 1.0, a, b, 0.0, np.zeros((M, N)))
     for ver, fn in versions(K, "gemm"):
         if ver == "v1_naive" and M * N * Kd > 2e6:
             continue                                     # seconds, and nothing new to learn
         c = np.empty((M, N), np.float32)
-        fn(False, True, 1.0, a, b, 0.0, c)
-        assert_close(c, ref, tol, kernel="gemm", version=ver, shape=f"M,N,K={shape}")
+        fn(False, tb, 1.0, a, b, 0.0, c)
+        assert_close(c, ref, tol, kernel="gemm", version=ver, shape=f"M,N,K={M},{N},{Kd} "
+                                                                    f"trans_b={tb}")
 
 
 def test_output_aliasing_an_input():
