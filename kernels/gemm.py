@@ -16,7 +16,18 @@ Versions:
   v2_reordered   for i, p, j: the inner loop is c[i, :] += a[i, p] * b[p, :], unit stride on
                  b and c, so LLVM vectorizes it (AVX2 FMA).  Still one load and one store of c
                  per FMA, and all of b streams through the cache once per row of a.
-  (v3_blocked, v4_micro, v5_prange: the kernel ladder, issue 4 -- see docs/KERNELS.md.)
+  v3_blocked     BLIS-style blocking (NC columns of B, KC deep, MC rows of A) with both
+                 operands packed unit-stride along k (transposes absorbed by the packing), one
+                 vectorized dot product per element of C: speed no longer falls with size, but
+                 each FMA still needs two loads.
+  v4_micro       v3 around a 4x3 register-blocked micro-kernel in dot-product form: 12 scalar
+                 accumulators that LLVM turns into 12 ymm registers, 7 vector loads per 12 FMAs
+                 (the benchmark prints the loop's assembly).  An untransposed B with a short K
+                 or few rows of A (im2col's col) goes to a k-unrolled AXPY kernel instead,
+                 which needs no transposed packing and no horizontal sums.  ~2/3 of OpenBLAS.
+  v5_prange      v4 with the columns of C split across cores in one parallel region (opt-in:
+                 numba's workqueue threading layer cannot run two parallel regions at once).
+See docs/KERNELS.md for the story and the numbers.
 """
 import numpy as np
 from numba import get_num_threads, njit, prange
