@@ -75,7 +75,7 @@ def _warm(fn, n=2):
     return first
 
 
-# -- ceilings ---------------------------------------------------------------------------------------
+# -- ceilings ------------------------------------------------------------------------------------
 def sgemm_peak(n=1024, repeats=5):
     a = np.random.default_rng(0).standard_normal((n, n)).astype(F32)
     b = a.copy()
@@ -128,7 +128,7 @@ def copy_bandwidth(nbytes, repeats=5):
     return _copy_cache[n]
 
 
-# -- cases: each builds inputs, one runner per version, a check, flops and bytes -----------------------
+# -- cases: each builds inputs, one runner per version, a check, flops and bytes ------------------
 class Case:
     def __init__(self, family, fn, name, kind, flops, nbytes, run, check, baseline=None):
         self.family, self.fn, self.name, self.kind = family, fn, name, kind
@@ -145,7 +145,8 @@ def _close(got, ref, tol, what):
     if bad.any():
         i = tuple(int(v) for v in np.argwhere(bad)[0])
         raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} off; at {i} got "
-                             f"{got[i]!r} expected {ref[i]!r} (tol {np.broadcast_to(tol, ref.shape)[i]:.3g})")
+                             f"{got[i]!r} expected {ref[i]!r} "
+                             f"(tol {np.broadcast_to(tol, ref.shape)[i]:.3g})")
 
 
 def _sum_tol(n, mag, dtype=F32):
@@ -490,7 +491,7 @@ def sgd_cases(quick):
     return cases
 
 
-# -- the driver ---------------------------------------------------------------------------------------
+# -- the driver ----------------------------------------------------------------------------------
 def _module(family):
     import importlib
     return importlib.import_module(f"kernels.{family}")
