@@ -18,14 +18,13 @@ Backward (``dout`` = top diff laid out as (M, P))::
     db    += dout summed over P
     dx     = col2im(w[g]^T @ dout[g])
 
-im2col here is 25 (kh*kw) array copies, one per kernel tap (i, j): the rows (c, i, j) of col,
-read as (C, N, OH, OW), are the input (read as (C, N, H, W)) shifted by the tap and strided by
-the stride.  Each copy moves N*C*OH*OW values with numpy's (or CuPy's) strided copy, and on
-LeNet's conv2 this is 3-4x faster than the ``kernels.im2col`` versions, which copy a row of OW
-values at a time from numba (see the speed notes at the end of this docstring).  Padding
-copies the input once into a zero-bordered buffer.  A 1x1 convolution of one image with stride
-1 and no pad needs no columns at all: the image (C, H*W) is the column matrix.  Backward's
-col2im is the backend's kernel.
+im2col and col2im are the backend's kernels (``kernels/im2col.py`` on the CPU, whose version
+``kernels.use("im2col", ...)`` selects; ``kernels/cuda/im2col.py`` on a GPU).  A numpy version
+with one strided copy per kernel tap (rows (c, i, j) of col, read as (C, N, OH, OW), are the
+input shifted by the tap) was measured against the default kernel ``v3_flat`` on LeNet's and
+CIFAR-10's shapes: within 10% either way, so the layer uses the kernel and the ladder stays
+the engine's.  A 1x1 convolution of one image with stride 1 and no pad needs no columns at
+all: the image (C, H*W) is the column matrix.
 
 The column buffer is kept between calls (capacity-based, like a Blob) and, when the batch fits
 one chunk, reused by backward instead of running im2col again (backward follows the forward of
@@ -103,7 +102,6 @@ class _ConvBase(Layer):
         self.param_propagate_down = [True] * len(self.blobs)
         self._col = _Scratch(self.xp, self.dtype)
         self._out = _Scratch(self.xp, self.dtype)
-        self._pad = _Scratch(self.xp, self.dtype)
         self._col_key = None
 
     def check_bottoms(self, bottom):
@@ -119,24 +117,8 @@ class _ConvBase(Layer):
                              f"for {self.channels} (weights {shape_str(self.blobs[0].shape)})")
 
     def im2col(self, x, col, oh, ow):
-        """col (C*kh*kw, n*OH*OW) = the columns of x (n, C, H, W): one strided copy per tap."""
-        n, c, h, w = x.shape
-        kh, kw, ph, pw, sh, sw, dh, dw = self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw
-        src = x.transpose(1, 0, 2, 3)                      # (C, n, H, W), a view
-        if ph or pw:
-            pad = self._pad.get(c, n, h + 2 * ph, w + 2 * pw)
-            pad[:, :, :ph] = 0
-            pad[:, :, ph + h:] = 0
-            pad[:, :, :, :pw] = 0
-            pad[:, :, :, pw + w:] = 0
-            pad[:, :, ph:ph + h, pw:pw + w] = src
-            src = pad
-        taps = col.reshape(c, kh, kw, n, oh, ow)
-        for i in range(kh):
-            r = i * dh
-            for j in range(kw):
-                q = j * dw
-                taps[:, i, j] = src[:, :, r:r + sh * (oh - 1) + 1:sh, q:q + sw * (ow - 1) + 1:sw]
+        """col (C*kh*kw, n*OH*OW) = the columns of x (n, C, H, W): the backend's kernel."""
+        self.backend.im2col(x, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, col)
 
     def chunk(self, n, per_image):
         """Images per chunk so that a column buffer stays under COL_LIMIT elements."""
