@@ -167,8 +167,10 @@ def _loss_bwd_v1(prob, label, ignore_label, has_ignore, scale, dx):
 
 
 # -- v2: fused ------------------------------------------------------------------------------------
-@njit(nogil=True, cache=True, inline="always")
-def _softmax_row(x, y, o, k):
+def softmax_row(x, y, o, k):
+    """y[o, :, k] = softmax(x[o, :, k]): the one source of the per-position softmax, compiled
+    twice (STYLE 3): here with njit for the CPU versions, and in kernels/cuda/softmax.py with
+    cuda.jit(device=True) for the GPU's one-thread-per-position version."""
     C = x.shape[1]
     m = x[o, 0, k]
     for c in range(1, C):
@@ -182,6 +184,9 @@ def _softmax_row(x, y, o, k):
     r = 1 / s
     for c in range(C):
         y[o, c, k] *= r
+
+
+_softmax_row = njit(nogil=True, cache=True, inline="always")(softmax_row)
 
 
 @njit(nogil=True, cache=True)

@@ -43,7 +43,9 @@ import numpy as np
 from numba import cuda
 
 from .. import _versions
-from ..softmax import FLT_MIN, REFERENCES, _bad_label_message  # noqa: F401  (references for the tests)
+from ..softmax import FLT_MIN, REFERENCES, _bad_label_message, softmax_row  # noqa: F401  (references for the tests)
+
+_softmax_row_dev = cuda.jit(device=True)(softmax_row)
 
 __all__ = ["softmax_fwd", "softmax_bwd", "softmax_loss_fwd", "softmax_loss_bwd", "softmax_xent_fwd",
            "VERSIONS", "DEFAULTS", "use", "make_block_kernels", "make_loss_kernels"]
@@ -53,24 +55,14 @@ __all__ = ["softmax_fwd", "softmax_bwd", "softmax_loss_fwd", "softmax_loss_bwd",
 # -- v1: a thread per position -------------------------------------------------------------------
 @cuda.jit
 def _fwd_thread(x, y):
-    """Thread t (grid-stride) -> position (o, k) = divmod(t, inner)."""
+    """Thread t (grid-stride) -> position (o, k) = divmod(t, inner); the row's work is the CPU
+    versions' own ``softmax_row`` (kernels/softmax.py), compiled as a device function."""
     outer, C, inner = x.shape
     t = cuda.grid(1)
     while t < outer * inner:
         o = t // inner
         k = t - o * inner
-        m = x[o, 0, k]
-        for c in range(1, C):
-            if x[o, c, k] > m:
-                m = x[o, c, k]
-        s = y.dtype.type(0)
-        for c in range(C):
-            e = math.exp(x[o, c, k] - m)
-            y[o, c, k] = e
-            s += e
-        r = 1 / s
-        for c in range(C):
-            y[o, c, k] *= r
+        _softmax_row_dev(x, y, o, k)
         t += cuda.gridsize(1)
 
 
