@@ -111,19 +111,31 @@ def col2im_reference(col, kh, kw, ph, pw, sh, sw, dh, dw, x_shape, x=None):
 
 
 # -- v1: naive ----------------------------------------------------------------------------------
+def col_pixel(r, q, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW):
+    """The input pixel (n, c, ih, iw) that col element (r, q) copies (may lie in the padding).
+
+    Row r = (c*kh + i)*kw + j names the channel and kernel tap; column q = n*OH*OW + oh*OW + ow
+    names the image and output position.  One source, compiled twice (STYLE 3): with njit here
+    and with cuda.jit(device=True) by kernels/cuda/im2col.py's one-thread-per-element version.
+    """
+    c = r // (kh * kw)
+    i = (r // kw) % kh
+    j = r % kw
+    n = q // (OH * OW)
+    oh = (q // OW) % OH
+    ow = q % OW
+    return n, c, oh * sh - ph + i * dh, ow * sw - pw + j * dw
+
+
+_col_pixel = njit(nogil=True, cache=True, inline="always")(col_pixel)
+
+
 @njit(nogil=True, cache=True)
 def im2col_v1_naive(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
     N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     for r in range(C * kh * kw):
-        c = r // (kh * kw)
-        i = (r // kw) % kh
-        j = r % kw
         for q in range(N * OH * OW):
-            n = q // (OH * OW)
-            oh = (q // OW) % OH
-            ow = q % OW
-            ih = oh * sh - ph + i * dh
-            iw = ow * sw - pw + j * dw
+            n, c, ih, iw = _col_pixel(r, q, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW)
             if 0 <= ih < H and 0 <= iw < W:
                 col[r, q] = x[n, c, ih, iw]
             else:
@@ -135,15 +147,8 @@ def col2im_v1_naive(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
     N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     x[...] = 0
     for r in range(C * kh * kw):
-        c = r // (kh * kw)
-        i = (r // kw) % kh
-        j = r % kw
         for q in range(N * OH * OW):
-            n = q // (OH * OW)
-            oh = (q // OW) % OH
-            ow = q % OW
-            ih = oh * sh - ph + i * dh
-            iw = ow * sw - pw + j * dw
+            n, c, ih, iw = _col_pixel(r, q, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW)
             if 0 <= ih < H and 0 <= iw < W:
                 x[n, c, ih, iw] += col[r, q]
 

@@ -22,12 +22,13 @@ Versions:
              patch covers it: no atomics, deterministic, and x is written exactly once.  The
              default.
 """
-import math
-
 from numba import cuda
 
 from .. import _versions
-from ..im2col import REFERENCES  # noqa: F401  (the float64 references the tests check against)
+from ..im2col import REFERENCES, col_pixel  # noqa: F401  (REFERENCES: what the tests check against)
+
+#: the CPU naive versions' index map, compiled for the GPU (one source: kernels/im2col.py)
+_col_pixel_dev = cuda.jit(device=True)(col_pixel)
 
 __all__ = ["im2col", "col2im", "VERSIONS", "DEFAULTS", "use"]
 
@@ -59,14 +60,7 @@ def _im2col_v1(x, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, col):
     while t < col.shape[0] * P:
         r = t // P
         q = t - r * P
-        c = r // (kh * kw)
-        i = (r // kw) % kh
-        j = r % kw
-        n = q // (OH * OW)
-        oh = (q // OW) % OH
-        ow = q % OW
-        ih = oh * sh - ph + i * dh
-        iw = ow * sw - pw + j * dw
+        n, c, ih, iw = _col_pixel_dev(r, q, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW)
         if 0 <= ih < H and 0 <= iw < W:
             col[r, q] = x[n, c, ih, iw]
         else:
@@ -83,14 +77,7 @@ def _col2im_v1(col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x):
     while t < col.shape[0] * P:
         r = t // P
         q = t - r * P
-        c = r // (kh * kw)
-        i = (r // kw) % kh
-        j = r % kw
-        n = q // (OH * OW)
-        oh = (q // OW) % OH
-        ow = q % OW
-        ih = oh * sh - ph + i * dh
-        iw = ow * sw - pw + j * dw
+        n, c, ih, iw = _col_pixel_dev(r, q, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW)
         if 0 <= ih < H and 0 <= iw < W:
             cuda.atomic.add(x, (n, c, ih, iw), col[r, q])
         t += cuda.gridsize(1)
@@ -133,7 +120,6 @@ def _col2im_v2(col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x):
     (i, j) of output pixel (oh, ow) covers it when h + ph - i*dh = oh*sh with 0 <= oh < OH (and
     the same along w); the thread sums those col entries and writes x once."""
     N, C, H, W = x.shape
-    P = col.shape[1]
     t = cuda.grid(1)
     while t < x.size:
         w = t % W
