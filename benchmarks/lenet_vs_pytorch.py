@@ -11,6 +11,7 @@ time, the spread, and its peak resident memory (VmHWM). The table gives minicaff
 
 PyTorch is a benchmark-only dependency: ``pip install -e ".[bench]"`` (torch==2.13.0, CPU build).
 """
+
 import argparse
 import json
 import os
@@ -33,14 +34,16 @@ def peak_rss_mib():
 
 def mnist_batches(batch, steps):
     from minicaffe.data import load_mnist
+
     images, labels = load_mnist()["train"]
     n = batch * steps
-    idx = (__import__("numpy").arange(n) % len(images))
+    idx = __import__("numpy").arange(n) % len(images)
     return images[idx], labels[idx]
 
 
 def run_minicaffe(steps, warmup):
     import minicaffe as caffe
+
     caffe.set_random_seed(1)
     solver = caffe.get_solver(os.path.join(ROOT, "nets", "lenet_solver.prototxt"), log=lambda m: None)
     solver.param.test_interval = 0
@@ -60,6 +63,7 @@ def run_torch(steps, warmup, compile_=False):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+
     torch.manual_seed(1)
 
     class LeNet(nn.Module):
@@ -87,7 +91,7 @@ def run_torch(steps, warmup, compile_=False):
     loss = None
     for i in range(warmup + steps):
         t = time.perf_counter()
-        x, y = x_all[64 * i:64 * (i + 1)], y_all[64 * i:64 * (i + 1)]
+        x, y = x_all[64 * i : 64 * (i + 1)], y_all[64 * i : 64 * (i + 1)]
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(step_model(x), y)
         loss.backward()
@@ -107,12 +111,27 @@ def child(args):
 
 
 def spawn(framework, threads, steps, warmup):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        OPENBLAS_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        NUMBA_NUM_THREADS=str(threads),
+    )
     if framework.startswith("torch"):
         env["TORCH_NUM_THREADS"] = str(threads)
-    code = [sys.executable, os.path.abspath(__file__), "--child", framework, "--steps", str(steps),
-            "--warmup", str(warmup), "--threads", str(threads)]
+    code = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        framework,
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--threads",
+        str(threads),
+    ]
     out = subprocess.run(code, env=env, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"{framework} with {threads} thread(s) failed:\n{out.stderr[-3000:]}")
@@ -132,17 +151,22 @@ def main():
         args.framework = args.child
         if args.framework.startswith("torch"):
             import torch
+
             torch.set_num_threads(args.threads[0])
         return child(args)
-    import numpy
     import numba
+    import numpy
+
     try:
         import torch
+
         torch_version = torch.__version__
     except ImportError:
-        raise SystemExit("PyTorch is not installed: pip install -e '.[bench]' (torch==2.13.0, CPU build)")
-    print(f"LeNet training step, batch 64, real MNIST; {args.warmup} warm-up + {args.steps} timed steps; "
-          f"numpy {numpy.__version__}, numba {numba.__version__}, torch {torch_version}, {os.cpu_count()} cpus")
+        raise SystemExit("PyTorch is not installed: pip install -e '.[bench]' (torch==2.13.0, CPU build)") from None
+    print(
+        f"LeNet training step, batch 64, real MNIST; {args.warmup} warm-up + {args.steps} timed steps; "
+        f"numpy {numpy.__version__}, numba {numba.__version__}, torch {torch_version}, {os.cpu_count()} cpus"
+    )
     frameworks = ["minicaffe", "torch"] + (["torch.compile"] if args.compile else [])
     results = []
     print(f"{'framework':<14} {'threads':>7} {'median ms':>10} {'p10-p90 ms':>14} {'peak MiB':>9} {'vs torch':>9}")
@@ -151,15 +175,22 @@ def main():
         for fw in frameworks:
             r = spawn(fw, threads, args.steps, args.warmup)
             ts = sorted(r["times"])
-            r.update(framework=fw, threads=threads, median_ms=1000 * statistics.median(ts),
-                     p10_ms=1000 * ts[len(ts) // 10], p90_ms=1000 * ts[(9 * len(ts)) // 10])
+            r.update(
+                framework=fw,
+                threads=threads,
+                median_ms=1000 * statistics.median(ts),
+                p10_ms=1000 * ts[len(ts) // 10],
+                p90_ms=1000 * ts[(9 * len(ts)) // 10],
+            )
             row[fw] = r
             results.append({k: v for k, v in r.items() if k != "times"})
         for fw in frameworks:
             r = row[fw]
             ratio = r["median_ms"] / row["torch"]["median_ms"]
-            print(f"{fw:<14} {threads:>7} {r['median_ms']:>10.2f} {r['p10_ms']:>6.2f}-{r['p90_ms']:<7.2f} "
-                  f"{r['peak_mib']:>9.0f} {ratio:>8.2f}x")
+            print(
+                f"{fw:<14} {threads:>7} {r['median_ms']:>10.2f} {r['p10_ms']:>6.2f}-{r['p90_ms']:<7.2f} "
+                f"{r['peak_mib']:>9.0f} {ratio:>8.2f}x"
+            )
     print("vs torch = median step time / PyTorch eager's at the same thread count (< 1: minicaffe faster)")
     if args.json:
         with open(args.json, "w") as f:

@@ -23,6 +23,7 @@ workers' mean compute time, the arena (planned) vs one allocation per buffer (na
 the process's peak RSS.  The plot (benchmarks/parallel_scaling.png) shows images/s against
 workers for each net, with the serial baselines as horizontal lines.
 """
+
 import argparse
 import json
 import os
@@ -40,6 +41,7 @@ def child(cfg):
     """Run one configuration in this process; print one JSON line."""
     sys.path.insert(0, ROOT)
     import numpy as np
+
     from minicaffe import proto
     from minicaffe.memory.planner import plan_solver
     from minicaffe.memory.report import process_peak_rss
@@ -67,7 +69,8 @@ def child(cfg):
         else:
             from minicaffe.memory import plan_net
             from minicaffe.memory.planner import history_buffers
-            plan = plan_net(solver.net, params=True, extra=history_buffers(solver))   # sizes only
+
+            plan = plan_net(solver.net, params=True, extra=history_buffers(solver))  # sizes only
             out["planned"], out["naive"] = None, plan.naive
     else:
         trainer = ParallelTrainer(solver, cfg["workers"], staleness=cfg.get("staleness", 0), recompute=True)
@@ -85,11 +88,13 @@ def child(cfg):
     out["ms"] = 1000 * statistics.median(times)
     out["ms_all"] = [1000 * t for t in times]
     if stats:
-        med = lambda key: 1000 * statistics.median(s[key] for s in stats)        # noqa: E731
-        out["server_wait"], out["server_reduce"], out["server_update"] = \
-            med("server_wait"), med("server_reduce"), med("server_update")
-        out["worker_compute"] = 1000 * statistics.median(
-            statistics.mean(s["worker_compute"]) for s in stats)
+        med = lambda key: 1000 * statistics.median(s[key] for s in stats)  # noqa: E731
+        out["server_wait"], out["server_reduce"], out["server_update"] = (
+            med("server_wait"),
+            med("server_reduce"),
+            med("server_update"),
+        )
+        out["worker_compute"] = 1000 * statistics.median(statistics.mean(s["worker_compute"]) for s in stats)
     out["rss"] = process_peak_rss()
     out["loss"] = float(solver.smoothed_loss)
     assert np.isfinite(out["loss"])
@@ -98,8 +103,9 @@ def child(cfg):
 
 def launch(cfg, blas_threads):
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(blas_threads), PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)], env=env, capture_output=True, text=True
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -117,37 +123,50 @@ def table(results, cores):
     lines = []
     for net in dict.fromkeys(r["cfg"]["net"] for r in results):
         rows = [r for r in results if r["cfg"]["net"] == net]
-        base = next(r for r in rows if r["cfg"]["mode"] == "serial" and not r["cfg"].get("arena")
-                    and r["cfg"]["blas"] == cores)
-        one = next(r for r in rows if r["cfg"]["mode"] == "serial" and not r["cfg"].get("arena")
-                   and r["cfg"]["blas"] == 1)
-        lines.append(f"\n{net} (global batch {rows[0]['batch']}, synthetic data, {cores} cores; "
-                     f"median of {rows[0]['cfg']['repeats']} x {rows[0]['cfg']['iters']} iterations)")
-        lines.append(f"  {'configuration':18s} {'ms/iter':>8s} {'img/s':>7s} {'speedup':>7s} "
-                     f"{'srv wait':>8s} {'reduce':>7s} {'update':>7s} {'worker':>7s} "
-                     f"{'arena MiB':>9s} {'naive MiB':>9s} {'RSS MiB':>8s}")
+        base = next(
+            r for r in rows if r["cfg"]["mode"] == "serial" and not r["cfg"].get("arena") and r["cfg"]["blas"] == cores
+        )
+        one = next(
+            r for r in rows if r["cfg"]["mode"] == "serial" and not r["cfg"].get("arena") and r["cfg"]["blas"] == 1
+        )
+        lines.append(
+            f"\n{net} (global batch {rows[0]['batch']}, synthetic data, {cores} cores; "
+            f"median of {rows[0]['cfg']['repeats']} x {rows[0]['cfg']['iters']} iterations)"
+        )
+        lines.append(
+            f"  {'configuration':18s} {'ms/iter':>8s} {'img/s':>7s} {'speedup':>7s} "
+            f"{'srv wait':>8s} {'reduce':>7s} {'update':>7s} {'worker':>7s} "
+            f"{'arena MiB':>9s} {'naive MiB':>9s} {'RSS MiB':>8s}"
+        )
         for r in rows:
             ips = r["batch"] / (r["ms"] / 1000)
-            f = lambda k: f"{r[k]:7.2f}" if k in r else f"{'-':>7s}"          # noqa: E731
+            f = lambda k: f"{r[k]:7.2f}" if k in r else f"{'-':>7s}"  # noqa: E731
             planned = f"{r['planned'] / 2**20:9.2f}" if r.get("planned") else f"{'-':>9s}"
-            lines.append(f"  {row_label(r['cfg']):18s} {r['ms']:8.2f} {ips:7.0f} {base['ms'] / r['ms']:6.2f}x {one['ms'] / r['ms']:6.2f}x "
-                         f"{f('server_wait'):>8s} {f('server_reduce')} {f('server_update')} {f('worker_compute')} "
-                         f"{planned} {r['naive'] / 2**20:9.2f} {r['rss'] / 2**20:8.1f}")
+            lines.append(
+                f"  {row_label(r['cfg']):18s} {r['ms']:8.2f} {ips:7.0f} {base['ms'] / r['ms']:6.2f}x {one['ms'] / r['ms']:6.2f}x "
+                f"{f('server_wait'):>8s} {f('server_reduce')} {f('server_update')} {f('worker_compute')} "
+                f"{planned} {r['naive'] / 2**20:9.2f} {r['rss'] / 2**20:8.1f}"
+            )
     return "\n".join(lines)
 
 
 def plot(results, path, cores):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     nets = list(dict.fromkeys(r["cfg"]["net"] for r in results))
     fig, axes = plt.subplots(1, len(nets), figsize=(5.5 * len(nets), 4), squeeze=False)
     for ax, net in zip(axes[0], nets):
         rows = [r for r in results if r["cfg"]["net"] == net]
-        ips = lambda r: r["batch"] / (r["ms"] / 1000)                               # noqa: E731
+        ips = lambda r: r["batch"] / (r["ms"] / 1000)  # noqa: E731
         for s, style in ((0, "o-"), (1, "s--")):
-            pts = sorted((r["cfg"]["workers"], ips(r)) for r in rows
-                         if r["cfg"]["mode"] == "parallel" and r["cfg"].get("staleness", 0) == s)
+            pts = sorted(
+                (r["cfg"]["workers"], ips(r))
+                for r in rows
+                if r["cfg"]["mode"] == "parallel" and r["cfg"].get("staleness", 0) == s
+            )
             if pts:
                 ax.plot(*zip(*pts), style, label="BSP" if s == 0 else f"SSP s={s}")
         for r, color in zip([r for r in rows if r["cfg"]["mode"] == "serial"], ("k", "gray", "tab:green")):
@@ -185,19 +204,23 @@ def main(argv=None):
     results = []
     for net in args.nets:
         it = dict(common)
-        if net == "cifar10_quick":          # about 4x LeNet's work per iteration
+        if net == "cifar10_quick":  # about 4x LeNet's work per iteration
             it["iters"] = max(3, args.iters // 3)
-        cfgs = [({"net": net, "mode": "serial", "blas": cores, **it}, cores),
-                ({"net": net, "mode": "serial", "blas": 1, **it}, 1),
-                ({"net": net, "mode": "serial", "blas": 1, "arena": True, **it}, 1)]
-        cfgs += [({"net": net, "mode": "parallel", "workers": n, **it}, max(1, cores // n))
-                 for n in args.workers]
+        cfgs = [
+            ({"net": net, "mode": "serial", "blas": cores, **it}, cores),
+            ({"net": net, "mode": "serial", "blas": 1, **it}, 1),
+            ({"net": net, "mode": "serial", "blas": 1, "arena": True, **it}, 1),
+        ]
+        cfgs += [({"net": net, "mode": "parallel", "workers": n, **it}, max(1, cores // n)) for n in args.workers]
         if args.ssp:
             cfgs.append(({"net": net, "mode": "parallel", "workers": 2, "staleness": 1, **it}, max(1, cores // 2)))
         for cfg, threads in cfgs:
             r = launch(cfg, threads)
-            print(f"  {net:14s} {row_label(cfg):18s} {r['ms']:8.2f} ms/iter  (runs: "
-                  f"{', '.join(f'{x:.1f}' for x in r['ms_all'])})", flush=True)
+            print(
+                f"  {net:14s} {row_label(cfg):18s} {r['ms']:8.2f} ms/iter  (runs: "
+                f"{', '.join(f'{x:.1f}' for x in r['ms_all'])})",
+                flush=True,
+            )
             results.append(r)
     print(table(results, cores))
     with open(args.json, "w") as f:

@@ -9,6 +9,7 @@ another version, so the engine (which looks kernels up at call time) runs it;
 
 This package never imports minicaffe.
 """
+
 import importlib
 import os
 
@@ -37,8 +38,7 @@ def _env_spec():
             raise ValueError(f"MINICAFFE_KERNELS: expected family=version, got '{item}'")
         fam = fam.strip()
         if fam not in FAMILIES:
-            raise ValueError(f"MINICAFFE_KERNELS: unknown kernel family '{fam}'; "
-                             f"known: {', '.join(FAMILIES)}")
+            raise ValueError(f"MINICAFFE_KERNELS: unknown kernel family '{fam}'; known: {', '.join(FAMILIES)}")
         pairs.append((fam, ver.strip()))
     return pairs
 

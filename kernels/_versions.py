@@ -11,8 +11,9 @@ def rebind(module_globals, versions, defaults, version):
     hit = [fn for fn, table in versions.items() if version in table]
     if not hit:
         known = sorted({v for table in versions.values() for v in table})
-        raise ValueError(f"kernel family '{family}' has no version '{version}'; "
-                         f"known: {', '.join(known)} (or 'default')")
+        raise ValueError(
+            f"kernel family '{family}' has no version '{version}'; known: {', '.join(known)} (or 'default')"
+        )
     for fn in hit:
         module_globals[fn] = versions[fn][version]
 

@@ -26,6 +26,7 @@ in the environment (the machine's docs: it may be, and it slows a current numpy)
 ceiling is also measured in a child process without it and both are reported; tests never
 touch either variable.
 """
+
 import argparse
 import json
 import os
@@ -82,13 +83,18 @@ def sgemm_peak(n=1024, repeats=5):
     c = np.empty_like(a)
     _warm(lambda: np.matmul(a, b, out=c))
     med, spread, _ = _time(lambda: np.matmul(a, b, out=c), repeats)
-    return 2 * n ** 3 / med / 1e9
+    return 2 * n**3 / med / 1e9
 
 
 def _sgemm_peak_subprocess(env):
     code = "from kernels.bench import sgemm_peak; print(sgemm_peak())"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     try:
         return float(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -109,6 +115,7 @@ def _copy_loop():
         for _ in range(reps):
             for i in range(src.size):
                 dst[i] = src[i] + z
+
     return copy_loop
 
 
@@ -116,12 +123,12 @@ def copy_bandwidth(nbytes, repeats=5):
     """GB/s of a copy moving ``nbytes`` in all (nbytes/2 read + nbytes/2 written, the same
     working set), measured inside one compiled loop, so that no per-call overhead is
     counted: the ceiling for a kernel whose data has that size (small: caches; large: DRAM)."""
-    n = max(int(nbytes // 8), 256)               # float32 elements per buffer
+    n = max(int(nbytes // 8), 256)  # float32 elements per buffer
     if n not in _copy_cache:
         loop = _copy_loop()
         src = np.ones(n, F32)
         dst = np.empty_like(src)
-        reps = max(1, (64 << 20) // (8 * n))     # at least ~64 MB moved per timing
+        reps = max(1, (64 << 20) // (8 * n))  # at least ~64 MB moved per timing
         loop(dst, src, F32(0), 1)
         med, _, _ = _time(lambda: loop(dst, src, F32(0), reps), repeats, min_time=0.05)
         _copy_cache[n] = 2 * src.nbytes * reps / med / 1e9
@@ -133,9 +140,9 @@ class Case:
     def __init__(self, family, fn, name, kind, flops, nbytes, run, check, baseline=None):
         self.family, self.fn, self.name, self.kind = family, fn, name, kind
         self.flops, self.nbytes = flops, nbytes
-        self.run = run              # version function -> zero-arg callable
-        self.check = check          # (version fn) -> None, or AssertionError (after a run)
-        self.baseline = baseline    # zero-arg callable (vendor / numpy), or None
+        self.run = run  # version function -> zero-arg callable
+        self.check = check  # (version fn) -> None, or AssertionError (after a run)
+        self.baseline = baseline  # zero-arg callable (vendor / numpy), or None
 
 
 def _close(got, ref, tol, what):
@@ -144,9 +151,11 @@ def _close(got, ref, tol, what):
     bad = ~(err <= tol)
     if bad.any():
         i = tuple(int(v) for v in np.argwhere(bad)[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} off; at {i} got "
-                             f"{got[i]!r} expected {ref[i]!r} "
-                             f"(tol {np.broadcast_to(tol, ref.shape)[i]:.3g})")
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} off; at {i} got "
+            f"{got[i]!r} expected {ref[i]!r} "
+            f"(tol {np.broadcast_to(tol, ref.shape)[i]:.3g})"
+        )
 
 
 def _sum_tol(n, mag, dtype=F32):
@@ -155,6 +164,7 @@ def _sum_tol(n, mag, dtype=F32):
 
 def gemm_cases(sizes, quick):
     from kernels import gemm as G
+
     rng = np.random.default_rng(0)
     shapes = [(f"square {n}", n, n, n, False, False) for n in sizes]
     shapes += [
@@ -191,20 +201,29 @@ def gemm_cases(sizes, quick):
                 r = A[:64].astype(np.float64) @ B[:, :64].astype(np.float64)
                 _close(c[:64, :64], r, _sum_tol(K, np.abs(A[:64]) @ np.abs(B[:, :64])), "gemm")
             else:
-                _close(c, ref, _sum_tol(K, G.gemm_reference(ta, tb, 1.0, np.abs(a), np.abs(b),
-                                                            0.0, None)), "gemm")
+                _close(c, ref, _sum_tol(K, G.gemm_reference(ta, tb, 1.0, np.abs(a), np.abs(b), 0.0, None)), "gemm")
 
-        cases.append(Case("gemm", "gemm", f"{name} ({M}x{N}x{K})", "compute", 2.0 * M * N * K,
-                          4.0 * (M * K + K * N + M * N), run, check,
-                          baseline=run(G.gemm_blas)))
+        cases.append(
+            Case(
+                "gemm",
+                "gemm",
+                f"{name} ({M}x{N}x{K})",
+                "compute",
+                2.0 * M * N * K,
+                4.0 * (M * K + K * N + M * N),
+                run,
+                check,
+                baseline=run(G.gemm_blas),
+            )
+        )
     return cases
 
 
 def conv_cases(quick):
     from kernels import conv as CV
+
     rng = np.random.default_rng(1)
-    shapes = [("LeNet conv1", (64, 1, 28, 28), (20, 1, 5, 5), 0),
-              ("LeNet conv2", (64, 20, 12, 12), (50, 20, 5, 5), 0)]
+    shapes = [("LeNet conv1", (64, 1, 28, 28), (20, 1, 5, 5), 0), ("LeNet conv2", (64, 20, 12, 12), (50, 20, 5, 5), 0)]
     if not quick:
         shapes += [("CIFAR conv2", (100, 32, 16, 16), (32, 32, 5, 5), 2)]
     cases = []
@@ -225,16 +244,31 @@ def conv_cases(quick):
             _close(y, ref, _sum_tol(K, mag), "conv_fwd")
 
         flops = 2.0 * y.size * K
-        cases.append(Case("conv", "conv_fwd", f"{name} x{xs} w{ws}", "compute", flops,
-                          4.0 * (x.size + w.size + y.size), run, check))
+        cases.append(
+            Case(
+                "conv",
+                "conv_fwd",
+                f"{name} x{xs} w{ws}",
+                "compute",
+                flops,
+                4.0 * (x.size + w.size + y.size),
+                run,
+                check,
+            )
+        )
     return cases
 
 
 def im2col_cases(quick):
     from kernels import im2col as IM
+
     rng = np.random.default_rng(2)
-    shapes = [("LeNet conv1", (64, 1, 28, 28), 5, 0), ("LeNet conv2", (64, 20, 12, 12), 5, 0),
-              ("CIFAR conv1", (100, 3, 32, 32), 5, 2), ("CIFAR conv2", (100, 32, 16, 16), 5, 2)]
+    shapes = [
+        ("LeNet conv1", (64, 1, 28, 28), 5, 0),
+        ("LeNet conv2", (64, 20, 12, 12), 5, 0),
+        ("CIFAR conv1", (100, 3, 32, 32), 5, 2),
+        ("CIFAR conv2", (100, 32, 16, 16), 5, 2),
+    ]
     if quick:
         shapes = shapes[:2] + shapes[3:]
     cases = []
@@ -265,23 +299,25 @@ def im2col_cases(quick):
             N, C, H, W = x.shape
             xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
             v = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))
-            col.reshape(C, k, k, N, -1)[...] = v.transpose(1, 4, 5, 0, 2, 3).reshape(
-                C, k, k, N, -1)
+            col.reshape(C, k, k, N, -1)[...] = v.transpose(1, 4, 5, 0, 2, 3).reshape(C, k, k, N, -1)
 
-        cases.append(Case("im2col", "im2col", f"{name} x{xs} k{k} p{p}", "memory", 0, nbytes,
-                          run_f, check_f, baseline=base_f))
-        cases.append(Case("im2col", "col2im", f"{name} x{xs} k{k} p{p}", "memory", 0, nbytes,
-                          run_b, check_b))
+        cases.append(
+            Case("im2col", "im2col", f"{name} x{xs} k{k} p{p}", "memory", 0, nbytes, run_f, check_f, baseline=base_f)
+        )
+        cases.append(Case("im2col", "col2im", f"{name} x{xs} k{k} p{p}", "memory", 0, nbytes, run_b, check_b))
     return cases
 
 
 def pooling_cases(quick):
     from kernels import pooling as PO
+
     rng = np.random.default_rng(3)
-    shapes = [("LeNet pool1 MAX", (64, 20, 24, 24), 2, 2, "max"),
-              ("LeNet pool2 MAX", (64, 50, 8, 8), 2, 2, "max"),
-              ("CIFAR pool1 MAX", (100, 32, 32, 32), 3, 2, "max"),
-              ("CIFAR pool2 AVE", (100, 32, 16, 16), 3, 2, "ave")]
+    shapes = [
+        ("LeNet pool1 MAX", (64, 20, 24, 24), 2, 2, "max"),
+        ("LeNet pool2 MAX", (64, 50, 8, 8), 2, 2, "max"),
+        ("CIFAR pool1 MAX", (100, 32, 32, 32), 3, 2, "max"),
+        ("CIFAR pool2 AVE", (100, 32, 16, 16), 3, 2, "ave"),
+    ]
     if quick:
         shapes = [shapes[0], shapes[2], shapes[3]]
     cases = []
@@ -308,8 +344,7 @@ def pooling_cases(quick):
                 _close(mask, m_ref, 0.0, "max_pool_fwd mask")
 
             def check_b(fn, dx=dx, dx_ref=dx_ref, k=k, dy=dy, m=m_ref):
-                _close(dx, dx_ref, _sum_tol(k * k, PO.max_pool_bwd_reference(
-                    np.abs(dy), m, dx.shape)), "max_pool_bwd")
+                _close(dx, dx_ref, _sum_tol(k * k, PO.max_pool_bwd_reference(np.abs(dy), m, dx.shape)), "max_pool_bwd")
 
             fwd_bytes = 4.0 * (x.size + 2 * y.size)
             bwd_bytes = 4.0 * (2 * dy.size + dx.size)
@@ -325,28 +360,38 @@ def pooling_cases(quick):
                 return lambda: fn(dy, k, k, s, s, 0, 0, dx)
 
             def check_f(fn, y=y, y_ref=y_ref, k=k, x=x, P=P, s=s):
-                _close(y, y_ref, _sum_tol(k * k, PO.ave_pool_fwd_reference(
-                    np.abs(x), k, k, s, s, 0, 0, P, P)), "ave_pool_fwd")
+                _close(
+                    y,
+                    y_ref,
+                    _sum_tol(k * k, PO.ave_pool_fwd_reference(np.abs(x), k, k, s, s, 0, 0, P, P)),
+                    "ave_pool_fwd",
+                )
 
             def check_b(fn, dx=dx, dx_ref=dx_ref, k=k, dy=dy, s=s):
-                _close(dx, dx_ref, _sum_tol(k * k, PO.ave_pool_bwd_reference(
-                    np.abs(dy), k, k, s, s, 0, 0, dx.shape)), "ave_pool_bwd")
+                _close(
+                    dx,
+                    dx_ref,
+                    _sum_tol(k * k, PO.ave_pool_bwd_reference(np.abs(dy), k, k, s, s, 0, 0, dx.shape)),
+                    "ave_pool_bwd",
+                )
 
             fwd_bytes = 4.0 * (x.size + y.size)
             bwd_bytes = 4.0 * (dy.size + dx.size)
             fns = ("ave_pool_fwd", "ave_pool_bwd")
-        cases.append(Case("pooling", fns[0], f"{name} x{xs} k{k}s{s}", "memory", 0, fwd_bytes,
-                          run_f, check_f))
-        cases.append(Case("pooling", fns[1], f"{name} x{xs} k{k}s{s}", "memory", 0, bwd_bytes,
-                          run_b, check_b))
+        cases.append(Case("pooling", fns[0], f"{name} x{xs} k{k}s{s}", "memory", 0, fwd_bytes, run_f, check_f))
+        cases.append(Case("pooling", fns[1], f"{name} x{xs} k{k}s{s}", "memory", 0, bwd_bytes, run_b, check_b))
     return cases
 
 
 def softmax_cases(quick):
     from kernels import softmax as SM
+
     rng = np.random.default_rng(4)
-    shapes = [("LeNet loss (64, 10, 1)", (64, 10, 1)), ("(256, 1000, 1)", (256, 1000, 1)),
-              ("spatial (4, 21, 4096)", (4, 21, 4096))]
+    shapes = [
+        ("LeNet loss (64, 10, 1)", (64, 10, 1)),
+        ("(256, 1000, 1)", (256, 1000, 1)),
+        ("spatial (4, 21, 4096)", (4, 21, 4096)),
+    ]
     if quick:
         shapes = shapes[:2]
     cases = []
@@ -384,10 +429,8 @@ def softmax_cases(quick):
             np.subtract(dy, s, out=dx)
             dx *= yv
 
-        cases.append(Case("softmax", "softmax_fwd", name, "memory", 0, 8.0 * x.size, run_f,
-                          check_f, baseline=base_f))
-        cases.append(Case("softmax", "softmax_bwd", name, "memory", 0, 12.0 * x.size, run_b,
-                          check_b, baseline=base_b))
+        cases.append(Case("softmax", "softmax_fwd", name, "memory", 0, 8.0 * x.size, run_f, check_f, baseline=base_f))
+        cases.append(Case("softmax", "softmax_bwd", name, "memory", 0, 12.0 * x.size, run_b, check_b, baseline=base_b))
     # the loss, on LeNet's shape
     prob = SM.softmax_fwd_reference(rng.standard_normal((64, 10, 1))).astype(F32)
     label = rng.integers(0, 10, (64, 1)).astype(F32)
@@ -406,21 +449,40 @@ def softmax_cases(quick):
         return lambda: fn(prob, label, -1, False, 1 / 64, g)
 
     def check_lb(fn):
-        _close(g, g_ref, 3 * float(np.finfo(F32).eps) * (np.abs(g_ref) + 1 / 64),
-               "softmax_loss_bwd")
+        _close(g, g_ref, 3 * float(np.finfo(F32).eps) * (np.abs(g_ref) + 1 / 64), "softmax_loss_bwd")
 
-    cases.append(Case("softmax", "softmax_loss_fwd", "LeNet (64, 10, 1)", "memory", 0,
-                      4.0 * (prob.size + label.size), run_lf, check_lf))
-    cases.append(Case("softmax", "softmax_loss_bwd", "LeNet (64, 10, 1)", "memory", 0,
-                      4.0 * (2 * prob.size + label.size), run_lb, check_lb))
+    cases.append(
+        Case(
+            "softmax",
+            "softmax_loss_fwd",
+            "LeNet (64, 10, 1)",
+            "memory",
+            0,
+            4.0 * (prob.size + label.size),
+            run_lf,
+            check_lf,
+        )
+    )
+    cases.append(
+        Case(
+            "softmax",
+            "softmax_loss_bwd",
+            "LeNet (64, 10, 1)",
+            "memory",
+            0,
+            4.0 * (2 * prob.size + label.size),
+            run_lb,
+            check_lb,
+        )
+    )
     return cases
 
 
 def elementwise_cases(quick):
     from kernels import elementwise as EW
+
     rng = np.random.default_rng(5)
-    sizes = [("LeNet ip1 top", 64 * 500), ("CIFAR conv1 top", 100 * 32 * 32 * 32),
-             ("16 M", 1 << 24)]
+    sizes = [("LeNet ip1 top", 64 * 500), ("CIFAR conv1 top", 100 * 32 * 32 * 32), ("16 M", 1 << 24)]
     if quick:
         sizes = sizes[:2]
     eps = float(np.finfo(F32).eps)
@@ -432,36 +494,54 @@ def elementwise_cases(quick):
         ys = EW.sigmoid_fwd_reference(x).astype(F32)
         yt = EW.tanh_fwd_reference(x).astype(F32)
         ax, ad = np.abs(x.astype(np.float64)), np.abs(dy.astype(np.float64))
-        mags = dict(relu_fwd=ax, relu_bwd=ad, sigmoid_fwd=np.abs(ys.astype(np.float64)),
-                    sigmoid_bwd=ad * np.abs(ys) * (1 + np.abs(ys)),
-                    tanh_fwd=np.abs(yt.astype(np.float64)), tanh_bwd=ad * (1 + yt * yt))
+        mags = dict(
+            relu_fwd=ax,
+            relu_bwd=ad,
+            sigmoid_fwd=np.abs(ys.astype(np.float64)),
+            sigmoid_bwd=ad * np.abs(ys) * (1 + np.abs(ys)),
+            tanh_fwd=np.abs(yt.astype(np.float64)),
+            tanh_bwd=ad * (1 + yt * yt),
+        )
         specs = [
-            ("relu_fwd", (x, 0.0), EW.relu_fwd_reference(x, 0.0), 8.0 * n,
-             lambda x=x, y=y: np.maximum(x, 0, out=y)),
-            ("relu_bwd", (x, dy, 0.0), EW.relu_bwd_reference(x, dy, 0.0), 12.0 * n,
-             lambda x=x, dy=dy, y=y: np.multiply(dy, x > 0, out=y)),
-            ("sigmoid_fwd", (x,), EW.sigmoid_fwd_reference(x), 8.0 * n,
-             lambda x=x, y=y: (np.negative(x, out=y), np.exp(y, out=y), np.add(y, 1, out=y),
-                               np.reciprocal(y, out=y))),
+            ("relu_fwd", (x, 0.0), EW.relu_fwd_reference(x, 0.0), 8.0 * n, lambda x=x, y=y: np.maximum(x, 0, out=y)),
+            (
+                "relu_bwd",
+                (x, dy, 0.0),
+                EW.relu_bwd_reference(x, dy, 0.0),
+                12.0 * n,
+                lambda x=x, dy=dy, y=y: np.multiply(dy, x > 0, out=y),
+            ),
+            (
+                "sigmoid_fwd",
+                (x,),
+                EW.sigmoid_fwd_reference(x),
+                8.0 * n,
+                lambda x=x, y=y: (
+                    np.negative(x, out=y),
+                    np.exp(y, out=y),
+                    np.add(y, 1, out=y),
+                    np.reciprocal(y, out=y),
+                ),
+            ),
             ("sigmoid_bwd", (ys, dy), EW.sigmoid_bwd_reference(ys, dy), 12.0 * n, None),
-            ("tanh_fwd", (x,), EW.tanh_fwd_reference(x), 8.0 * n,
-             lambda x=x, y=y: np.tanh(x, out=y)),
+            ("tanh_fwd", (x,), EW.tanh_fwd_reference(x), 8.0 * n, lambda x=x, y=y: np.tanh(x, out=y)),
             ("tanh_bwd", (yt, dy), EW.tanh_bwd_reference(yt, dy), 12.0 * n, None),
         ]
         for fn_name, args, ref, nbytes, base in specs:
+
             def run(fn, args=args, y=y):
                 return lambda: fn(*args, y)
 
             def check(fn, y=y, ref=ref, what=fn_name, mag=mags[fn_name]):
                 _close(y, ref, 8 * eps * mag + 2e-38, what)
 
-            cases.append(Case("elementwise", fn_name, f"{name} n={n}", "memory", 0, nbytes,
-                              run, check, baseline=base))
+            cases.append(Case("elementwise", fn_name, f"{name} n={n}", "memory", 0, nbytes, run, check, baseline=base))
     return cases
 
 
 def sgd_cases(quick):
     from kernels import sgd as SG
+
     rng = np.random.default_rng(6)
     sizes = [("LeNet all params", 431080), ("16 M", 1 << 24)]
     cases = []
@@ -486,14 +566,16 @@ def sgd_cases(quick):
             h += 0.01 * (g + 5e-4 * w)
             w -= h
 
-        cases.append(Case("sgd", "sgd_momentum_update", f"{name} n={n}", "memory", 0,
-                          20.0 * n, run, check, baseline=base))
+        cases.append(
+            Case("sgd", "sgd_momentum_update", f"{name} n={n}", "memory", 0, 20.0 * n, run, check, baseline=base)
+        )
     return cases
 
 
 # -- the driver ----------------------------------------------------------------------------------
 def _module(family):
     import importlib
+
     return importlib.import_module(f"kernels.{family}")
 
 
@@ -501,8 +583,7 @@ def build_cases(families, sizes, quick):
     out = []
     for fam in families:
         if fam == "gemm":
-            out += gemm_cases(sizes or ([128, 512] if quick else [128, 256, 512, 1024, 2048]),
-                              quick)
+            out += gemm_cases(sizes or ([128, 512] if quick else [128, 256, 512, 1024, 2048]), quick)
         else:
             out += globals()[f"{fam}_cases"](quick)
     return out
@@ -521,8 +602,7 @@ def run_case(case, versions, repeats, quick):
     for ver, fn in mod.VERSIONS[case.fn].items():
         if versions and ver not in versions:
             continue
-        if ver.startswith("v1_naive") and case.family in ("gemm", "conv") and \
-                case.flops > (3e8 if quick else 3e9):
+        if ver.startswith("v1_naive") and case.family in ("gemm", "conv") and case.flops > (3e8 if quick else 3e9):
             rows.append(dict(version=ver, skipped="too slow for this size"))
             continue
         call = case.run(fn)
@@ -534,9 +614,12 @@ def run_case(case, versions, repeats, quick):
             continue
         if first < 0.5:
             _warm(call, 2)
-        med, spread, n = _time(call, repeats if first < 0.5 else 1,
-                               max_time=3.0 if first < 0.5 else 0,
-                               clock="wall" if "prange" in ver else None)
+        med, spread, n = _time(
+            call,
+            repeats if first < 0.5 else 1,
+            max_time=3.0 if first < 0.5 else 0,
+            clock="wall" if "prange" in ver else None,
+        )
         r = dict(version=ver, median_s=med, spread=spread, n=n)
         if case.kind == "compute":
             r["gflops"] = case.flops / med / 1e9
@@ -555,8 +638,7 @@ def _fmt_case(case, rows, base, peak):
     lines = []
     for r in rows:
         if "skipped" in r or "error" in r:
-            lines.append(f"| {case.fn} | {case.name} | {r['version']} | "
-                         f"{r.get('skipped') or r.get('error')} | | | | |")
+            lines.append(f"| {case.fn} | {case.name} | {r['version']} | {r.get('skipped') or r.get('error')} | | | | |")
             continue
         if case.kind == "compute":
             rate = f"{r['gflops']:.1f} GFLOP/s"
@@ -565,8 +647,10 @@ def _fmt_case(case, rows, base, peak):
             rate = f"{r['gbs']:.1f} GB/s"
             frac = r["fraction"]
         xv = f"{r['x_vendor']:.2f}x" if "x_vendor" in r else "-"
-        lines.append(f"| {case.fn} | {case.name} | {r['version']} | {r['median_s'] * 1e3:.3f} | "
-                     f"{100 * r['spread']:.0f}% | {rate} | {100 * frac:.0f}% | {xv} |")
+        lines.append(
+            f"| {case.fn} | {case.name} | {r['version']} | {r['median_s'] * 1e3:.3f} | "
+            f"{100 * r['spread']:.0f}% | {rate} | {100 * frac:.0f}% | {xv} |"
+        )
     if base is not None:
         if case.kind == "compute":
             rate = f"{case.flops / base['median_s'] / 1e9:.1f} GFLOP/s"
@@ -575,20 +659,24 @@ def _fmt_case(case, rows, base, peak):
             g = case.nbytes / base["median_s"] / 1e9
             rate = f"{g:.1f} GB/s"
             frac = g / copy_bandwidth(case.nbytes)
-        lines.append(f"| {case.fn} | {case.name} | (vendor: numpy/BLAS) | "
-                     f"{base['median_s'] * 1e3:.3f} | {100 * base['spread']:.0f}% | {rate} | "
-                     f"{100 * frac:.0f}% | 1.00x |")
+        lines.append(
+            f"| {case.fn} | {case.name} | (vendor: numpy/BLAS) | "
+            f"{base['median_s'] * 1e3:.3f} | {100 * base['spread']:.0f}% | {rate} | "
+            f"{100 * frac:.0f}% | 1.00x |"
+        )
     return lines
 
 
 def simd_report():
     """What the compiler made of the GEMM micro-kernel: count packed FMAs in its hot loop."""
     import re
-    from kernels import gemm as G
+
     from numba import njit
+
+    from kernels import gemm as G
+
     # numba cannot show the assembly of cache-loaded code: compile a private, uncached copy
-    opts = {k: v for k, v in G._gemm_v4_cols.targetoptions.items()
-            if k not in ("cache", "nopython")}
+    opts = {k: v for k, v in G._gemm_v4_cols.targetoptions.items() if k not in ("cache", "nopython")}
     fn = njit(**opts)(G._gemm_v4_cols.py_func)
     for dt in (np.float32, np.float64):
         a = np.ones((8, 8), dt)
@@ -599,28 +687,28 @@ def simd_report():
         blocks = re.split(r"\n(?=\.LBB)", asm)
         hot = max(blocks, key=lambda b: len(re.findall(r"vfmadd\w+p[sd]\s+%ymm", b)))
         body = []
-        for ln in hot.splitlines()[1:]:          # the loop body: up to its backward branch
+        for ln in hot.splitlines()[1:]:  # the loop body: up to its backward branch
             if ln.startswith("\t") and not ln.startswith("\t."):
                 body.append(ln.strip())
                 if re.match(r"j\w+\s+\.LBB", ln.strip()):
                     break
         key = str(sig[1].dtype)
-        out[key] = dict(loop_body_instructions=len(body),
-                        packed_ymm_fma=sum(bool(re.match(r"vfmadd\w+p[sd]\s+%ymm", b))
-                                           for b in body),
-                        packed_ymm_loads=sum(bool(re.match(r"vmovu?p[sd]\s+\(.*%ymm", b))
-                                             for b in body),
-                        zmm_used="zmm" in asm)
+        out[key] = dict(
+            loop_body_instructions=len(body),
+            packed_ymm_fma=sum(bool(re.match(r"vfmadd\w+p[sd]\s+%ymm", b)) for b in body),
+            packed_ymm_loads=sum(bool(re.match(r"vmovu?p[sd]\s+\(.*%ymm", b)) for b in body),
+            zmm_used="zmm" in asm,
+        )
         if key == "float32":
             out["float32_loop_body"] = body
     return out
 
 
 def machine_info():
-    info = dict(python=platform.python_version(), numpy=np.__version__,
-                machine=platform.machine(), cpus=os.cpu_count())
+    info = dict(python=platform.python_version(), numpy=np.__version__, machine=platform.machine(), cpus=os.cpu_count())
     try:
         import numba
+
         info["numba"] = numba.__version__
         info["numba_threads"] = numba.get_num_threads()
     except Exception:  # pragma: no cover
@@ -647,8 +735,10 @@ def machine_info():
 
 def plot(results, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fams = [f for f in FAMILIES if any(r["family"] == f for r in results["cases"])]
     n = len(fams) + 1
     cols = 2
@@ -660,17 +750,21 @@ def plot(results, path):
     ax = axes[0]
     ai = np.logspace(-2, 3, 100)
     bw = results["ceilings"]["copy_gbs_large"]
-    ax.loglog(ai, np.minimum(peak, ai * bw), "k-", lw=1.5,
-              label=f"roof: {peak:.0f} GFLOP/s, {bw:.1f} GB/s")
+    ax.loglog(ai, np.minimum(peak, ai * bw), "k-", lw=1.5, label=f"roof: {peak:.0f} GFLOP/s, {bw:.1f} GB/s")
     markers = dict(zip(FAMILIES, "osD^v<>"))
     for c in results["cases"]:
         if c["flops"] <= 0:
             continue
         for r in c["rows"]:
             if "median_s" in r:
-                ax.loglog(c["flops"] / c["bytes"], c["flops"] / r["median_s"] / 1e9,
-                          markers.get(c["family"], "o"), ms=4, alpha=0.6,
-                          color=f"C{_vidx(r['version'])}")
+                ax.loglog(
+                    c["flops"] / c["bytes"],
+                    c["flops"] / r["median_s"] / 1e9,
+                    markers.get(c["family"], "o"),
+                    ms=4,
+                    alpha=0.6,
+                    color=f"C{_vidx(r['version'])}",
+                )
     ax.set_xlabel("arithmetic intensity (FLOP/byte, compulsory traffic)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title("roofline (gemm o, conv s; colour = version rung)")
@@ -688,8 +782,7 @@ def plot(results, path):
         width = 0.8 / max(len(series), 1)
         for k, (ver, pts) in enumerate(sorted(series.items(), key=lambda kv: _vidx(kv[0]))):
             xs = [i + k * width for i in pts]
-            ax.bar(xs, [100 * v for v in pts.values()], width, label=ver,
-                   color=f"C{_vidx(ver)}")
+            ax.bar(xs, [100 * v for v in pts.values()], width, label=ver, color=f"C{_vidx(ver)}")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
         ax.set_xticklabels(labels, fontsize=6, rotation=30, ha="right")
         unit = "% of SGEMM peak" if fam in ("gemm", "conv") else "% of copy bandwidth"
@@ -714,74 +807,95 @@ def _vidx(ver):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("families", nargs="*", help=f"kernel families: {', '.join(FAMILIES)} "
-                    "(default: all)")
+    ap.add_argument("families", nargs="*", help=f"kernel families: {', '.join(FAMILIES)} (default: all)")
     ap.add_argument("--versions", default="", help="comma-separated version names to run")
     ap.add_argument("--sizes", default="", help="gemm: comma-separated square sizes")
     ap.add_argument("--json", default="", help="write the results here")
     ap.add_argument("--plot", default="", help="write a ladder/roofline PNG here")
     ap.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
     ap.add_argument("--repeats", type=int, default=0, help="minimum timed calls per version")
-    ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
-                    help="cpu: the thread's CPU time (default; robust on a shared machine); "
-                         "wall: elapsed time.  prange versions always use wall.")
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="cpu",
+        help="cpu: the thread's CPU time (default; robust on a shared machine); "
+        "wall: elapsed time.  prange versions always use wall.",
+    )
     args = ap.parse_args(argv)
 
     if "OPENBLAS_NUM_THREADS" not in os.environ:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-        return subprocess.call([sys.executable, "-m", "kernels.bench"] + (argv or sys.argv[1:]),
-                               env=env)
+        return subprocess.call([sys.executable, "-m", "kernels.bench"] + (argv or sys.argv[1:]), env=env)
     _clock[0] = args.clock
     families = args.families or list(FAMILIES)
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
-        ap.error(f"unknown famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
-                 f"known: {', '.join(FAMILIES)}")
+        ap.error(
+            f"unknown famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; known: {', '.join(FAMILIES)}"
+        )
     versions = set(filter(None, args.versions.split(",")))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     repeats = args.repeats or (3 if args.quick else 7)
 
     info = machine_info()
-    print(f"# kernels.bench on {info.get('cpu', '?')} ({info.get('cpus')} cpus, "
-          f"{'+'.join(info.get('simd', []))}), numpy {info['numpy']}, numba "
-          f"{info.get('numba')}, load average {info.get('loadavg', ('?',))[0]}, clock "
-          f"{args.clock}")
+    print(
+        f"# kernels.bench on {info.get('cpu', '?')} ({info.get('cpus')} cpus, "
+        f"{'+'.join(info.get('simd', []))}), numpy {info['numpy']}, numba "
+        f"{info.get('numba')}, load average {info.get('loadavg', ('?',))[0]}, clock "
+        f"{args.clock}"
+    )
     if info.get("loadavg") and info["loadavg"][0] > (info.get("cpus") or 1):
-        print("# WARNING: the machine is busy (load average above the core count): timings "
-              "are noisy and low")
+        print("# WARNING: the machine is busy (load average above the core count): timings are noisy and low")
     peak = sgemm_peak()
-    ceilings = dict(sgemm_gflops=peak, sgemm_note="OpenBLAS SGEMM n=1024, 1 thread",
-                    copy_gbs_l2=copy_bandwidth(256 << 10), copy_gbs_l3=copy_bandwidth(8 << 20),
-                    copy_gbs_large=copy_bandwidth(256 << 20))
+    ceilings = dict(
+        sgemm_gflops=peak,
+        sgemm_note="OpenBLAS SGEMM n=1024, 1 thread",
+        copy_gbs_l2=copy_bandwidth(256 << 10),
+        copy_gbs_l3=copy_bandwidth(8 << 20),
+        copy_gbs_large=copy_bandwidth(256 << 20),
+    )
     if os.environ.get("OPENBLAS_CORETYPE") or os.environ.get("OPENBLAS_L2_SIZE"):
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+        env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
         ceilings["sgemm_gflops_without_coretype_override"] = _sgemm_peak_subprocess(env)
-    print(f"# ceilings: SGEMM {peak:.1f} GFLOP/s (OpenBLAS, n=1024, 1 thread); copy "
-          f"{ceilings['copy_gbs_l2']:.1f} GB/s (256 KB), {ceilings['copy_gbs_l3']:.1f} GB/s "
-          f"(8 MB), {ceilings['copy_gbs_large']:.1f} GB/s (256 MB)")
+    print(
+        f"# ceilings: SGEMM {peak:.1f} GFLOP/s (OpenBLAS, n=1024, 1 thread); copy "
+        f"{ceilings['copy_gbs_l2']:.1f} GB/s (256 KB), {ceilings['copy_gbs_l3']:.1f} GB/s "
+        f"(8 MB), {ceilings['copy_gbs_large']:.1f} GB/s (256 MB)"
+    )
     if "sgemm_gflops_without_coretype_override" in ceilings:
-        print(f"#   SGEMM without OPENBLAS_CORETYPE/L2_SIZE: "
-              f"{ceilings['sgemm_gflops_without_coretype_override']} GFLOP/s")
-    print("# memory-bound kernels: % of a numpy copy moving the same bytes; compute-bound: % "
-          "of the SGEMM ceiling; x vendor: speed relative to numpy/OpenBLAS on the same case")
+        print(
+            f"#   SGEMM without OPENBLAS_CORETYPE/L2_SIZE: {ceilings['sgemm_gflops_without_coretype_override']} GFLOP/s"
+        )
+    print(
+        "# memory-bound kernels: % of a numpy copy moving the same bytes; compute-bound: % "
+        "of the SGEMM ceiling; x vendor: speed relative to numpy/OpenBLAS on the same case"
+    )
     print()
     print("| kernel | case | version | median ms | spread | rate | % ceiling | x vendor |")
     print("|---|---|---|---|---|---|---|---|")
-    results = dict(machine=info, ceilings=ceilings, cases=[],
-                   command="python -m kernels.bench " + " ".join(argv or sys.argv[1:]))
+    results = dict(
+        machine=info, ceilings=ceilings, cases=[], command="python -m kernels.bench " + " ".join(argv or sys.argv[1:])
+    )
     for case in build_cases(families, sizes, args.quick):
         rows, base = run_case(case, versions, repeats, args.quick)
         for line in _fmt_case(case, rows, base, peak):
             print(line, flush=True)
-        results["cases"].append(dict(family=case.family, fn=case.fn, name=case.name,
-                                     kind=case.kind, flops=case.flops, bytes=case.nbytes,
-                                     rows=rows, vendor=base))
+        results["cases"].append(
+            dict(
+                family=case.family,
+                fn=case.fn,
+                name=case.name,
+                kind=case.kind,
+                flops=case.flops,
+                bytes=case.nbytes,
+                rows=rows,
+                vendor=base,
+            )
+        )
     if "gemm" in families:
         results["simd"] = simd_report()
         print()
-        print(f"# SIMD check of the v4 micro-kernel (hot loop of _gemm_v4_cols): "
-              f"{json.dumps(results['simd'])}")
+        print(f"# SIMD check of the v4 micro-kernel (hot loop of _gemm_v4_cols): {json.dumps(results['simd'])}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -19,6 +19,7 @@ Versions:
                   bias.  What the engine's ConvolutionLayer does; the default.
   v4_im2col_micro the same with the hand-written GEMM (kernels.gemm v4_micro): all numba.
 """
+
 import numpy as np
 from numba import njit
 
@@ -42,8 +43,7 @@ def conv_fwd_reference(x, w, bias, ph, pw, sh, sw, dh, dw):
     y = np.zeros((N, M, OH, OW))
     for i in range(kh):
         for j in range(kw):
-            patch = xp[:, :, i * dh: i * dh + sh * (OH - 1) + 1: sh,
-                       j * dw: j * dw + sw * (OW - 1) + 1: sw]
+            patch = xp[:, :, i * dh : i * dh + sh * (OH - 1) + 1 : sh, j * dw : j * dw + sw * (OW - 1) + 1 : sw]
             y += np.einsum("nchw,mc->nmhw", patch, w[:, :, i, j])
     if np.size(bias):
         y += np.asarray(bias, dtype=np.float64)[None, :, None, None]
@@ -118,17 +118,22 @@ def _make_im2col_gemm(gemm_fn, name):
         yv[...] = out.reshape(M, N, OH * OW).transpose(1, 0, 2)
         if np.size(bias):
             yv += bias[None, :, None]
+
     conv_fwd.__name__ = name
     return conv_fwd
 
 
 conv_fwd_v3_im2col_blas = _make_im2col_gemm(_gemm.gemm_blas, "conv_fwd_v3_im2col_blas")
-conv_fwd_v4_im2col_micro = _make_im2col_gemm(_gemm.VERSIONS["gemm"]["v4_micro"],
-                                             "conv_fwd_v4_im2col_micro")
+conv_fwd_v4_im2col_micro = _make_im2col_gemm(_gemm.VERSIONS["gemm"]["v4_micro"], "conv_fwd_v4_im2col_micro")
 
-VERSIONS = {"conv_fwd": {"v1_naive": conv_fwd_v1_naive, "v2_direct": conv_fwd_v2_direct,
-                         "v3_im2col_blas": conv_fwd_v3_im2col_blas,
-                         "v4_im2col_micro": conv_fwd_v4_im2col_micro}}
+VERSIONS = {
+    "conv_fwd": {
+        "v1_naive": conv_fwd_v1_naive,
+        "v2_direct": conv_fwd_v2_direct,
+        "v3_im2col_blas": conv_fwd_v3_im2col_blas,
+        "v4_im2col_micro": conv_fwd_v4_im2col_micro,
+    }
+}
 DEFAULTS = {"conv_fwd": "v3_im2col_blas"}
 REFERENCES = {"conv_fwd": conv_fwd_reference}
 

@@ -25,6 +25,7 @@ Versions:
              run two parallel regions at once; for arrays that fit in cache the fork/join costs
              more than it saves).
 """
+
 import math
 
 import numpy as np
@@ -32,8 +33,7 @@ from numba import njit, prange
 
 from . import _versions
 
-__all__ = ["relu_fwd", "relu_bwd", "sigmoid_fwd", "sigmoid_bwd", "tanh_fwd", "tanh_bwd",
-           "VERSIONS", "DEFAULTS", "use"]
+__all__ = ["relu_fwd", "relu_bwd", "sigmoid_fwd", "sigmoid_bwd", "tanh_fwd", "tanh_bwd", "VERSIONS", "DEFAULTS", "use"]
 
 
 # -- reference (numpy, float64) ----------------------------------------------------------------
@@ -53,7 +53,7 @@ def relu_bwd_reference(x, dy, slope):
 
 def sigmoid_fwd_reference(x):
     x = _f64(x)
-    e = np.exp(-np.abs(x))                           # never overflows; accurate in both tails
+    e = np.exp(-np.abs(x))  # never overflows; accurate in both tails
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
@@ -201,7 +201,7 @@ def tanh_bwd_v2_typed(y, dy, dx):
 
 
 # -- v3: prange over chunks -----------------------------------------------------------------------
-_CHUNK = 16384          # elements per task: 64 KB of float32, big enough to amortize a task
+_CHUNK = 16384  # elements per task: 64 KB of float32, big enough to amortize a task
 
 
 @njit(nogil=True, cache=True, parallel=True)

@@ -29,6 +29,7 @@ Versions:
                  numba's workqueue threading layer cannot run two parallel regions at once).
 See docs/KERNELS.md for the story and the numbers.
 """
+
 import numpy as np
 from numba import get_num_threads, njit, prange
 
@@ -44,7 +45,7 @@ def gemm_reference(trans_a, trans_b, alpha, a, b, beta, c):
     B = np.asarray(b, dtype=np.float64)
     A = A.T if trans_a else A
     B = B.T if trans_b else B
-    out = alpha * np.einsum("ik,kj->ij", A, B)      # not BLAS: an independent summation
+    out = alpha * np.einsum("ik,kj->ij", A, B)  # not BLAS: an independent summation
     if beta != 0:
         out += beta * np.asarray(c, dtype=np.float64)
     return out
@@ -54,10 +55,17 @@ def _ops(trans_a, trans_b, a, b, c):
     """op(a), op(b) as views, with the shapes checked (a ValueError names all three)."""
     A = a.T if trans_a else a
     B = b.T if trans_b else b
-    if (A.ndim != 2 or B.ndim != 2 or c.ndim != 2 or A.shape[1] != B.shape[0]
-            or c.shape[0] != A.shape[0] or c.shape[1] != B.shape[1]):
-        raise ValueError(f"gemm: op(a) {A.shape} @ op(b) {B.shape} does not fit c {c.shape} "
-                         f"(trans_a={trans_a}, trans_b={trans_b})")
+    if (
+        A.ndim != 2
+        or B.ndim != 2
+        or c.ndim != 2
+        or A.shape[1] != B.shape[0]
+        or c.shape[0] != A.shape[0]
+        or c.shape[1] != B.shape[1]
+    ):
+        raise ValueError(
+            f"gemm: op(a) {A.shape} @ op(b) {B.shape} does not fit c {c.shape} (trans_a={trans_a}, trans_b={trans_b})"
+        )
     return A, B
 
 
@@ -65,11 +73,11 @@ def _ops(trans_a, trans_b, a, b, c):
 def gemm_blas(trans_a, trans_b, alpha, a, b, beta, c):
     A, B = _ops(trans_a, trans_b, a, b, c)
     if beta == 0:
-        np.matmul(A, B, out=c)          # numpy buffers an input that overlaps c
+        np.matmul(A, B, out=c)  # numpy buffers an input that overlaps c
         if alpha != 1:
             c *= alpha
     else:
-        t = np.matmul(A, B)             # the product first: c may alias a or b
+        t = np.matmul(A, B)  # the product first: c may alias a or b
         if alpha != 1:
             t *= alpha
         if beta != 1:
@@ -84,11 +92,13 @@ def _numba_gemm(kernel):
     C-contiguous: one compiled specialization per dtype instead of one per layout of each
     operand.  An F-contiguous operand is passed as its (C-contiguous) transpose with the flag
     flipped; any other strided operand, or one that overlaps c, is copied first."""
+
     def gemm(trans_a, trans_b, alpha, a, b, beta, c):
         _ops(trans_a, trans_b, a, b, c)
         a, ta = _c_order(a, bool(trans_a), c)
         b, tb = _c_order(b, bool(trans_b), c)
         kernel(c.dtype.type(alpha), a, ta, b, tb, c.dtype.type(beta), c)
+
     gemm.kernel = kernel
     gemm.__doc__ = kernel.__doc__
     return gemm
@@ -96,7 +106,7 @@ def _numba_gemm(kernel):
 
 def _c_order(x, t, c):
     if np.may_share_memory(x, c):
-        return np.array(x, dtype=c.dtype, order="C"), t          # a copy, always
+        return np.array(x, dtype=c.dtype, order="C"), t  # a copy, always
     if x.dtype == c.dtype:
         if x.flags.c_contiguous:
             return x, t
@@ -170,10 +180,10 @@ def _gemm_v2_reordered(alpha, a, ta, b, tb, beta, C):
 #   NC: columns of B packed per panel (NC*KC*4 = 2 MB, in L3; each NR-strip is read from
 #       there once per MC block and then stays in L1 for the whole block).
 KC, MC, NC = 512, 64, 1024
-MR, NR = 4, 3      # the register tile: 12 accumulators + 4 A vectors ... of 16 ymm registers
+MR, NR = 4, 3  # the register tile: 12 accumulators + 4 A vectors ... of 16 ymm registers
 
 
-KP = 8             # packed strips are padded with zeros to a multiple of KP along k
+KP = 8  # packed strips are padded with zeros to a multiple of KP along k
 
 
 @njit(nogil=True, cache=True)
@@ -193,17 +203,17 @@ def _pack_rows(X, tx, r0, nr, c0, nc, pad, ncp, out):
         for i0 in range(0, nr, B):
             i1 = min(i0 + B, nr)
             for k in range(nc):
-                src = X[c0 + k, r0 + i0:r0 + i1]
-                dst = out[i0 * ncp + k:i1 * ncp + k:ncp]
+                src = X[c0 + k, r0 + i0 : r0 + i1]
+                dst = out[i0 * ncp + k : i1 * ncp + k : ncp]
                 for ii in range(i1 - i0):
                     dst[ii] = src[ii]
     else:
         for i in range(nr):
-            out[i * ncp:i * ncp + nc] = X[r0 + i, c0:c0 + nc]
+            out[i * ncp : i * ncp + nc] = X[r0 + i, c0 : c0 + nc]
     for i in range(nr):
-        out[i * ncp + nc:(i + 1) * ncp] = 0
+        out[i * ncp + nc : (i + 1) * ncp] = 0
     rows = (nr + pad - 1) // pad * pad
-    out[nr * ncp:rows * ncp] = 0
+    out[nr * ncp : rows * ncp] = 0
 
 
 # -- v3: blocked + packed, one dot product per element of C ------------------------------------
@@ -226,10 +236,10 @@ def _gemm_v3_blocked(alpha, a, ta, b, tb, beta, C):
                 mc = min(MC, M - ic)
                 _pack_rows(a, ta, ic, mc, pc, kc, 1, kc, Ap)
                 for i in range(mc):
-                    ar = Ap[i * kc:(i + 1) * kc]
+                    ar = Ap[i * kc : (i + 1) * kc]
                     ci = C[ic + i]
                     for j in range(nc):
-                        br = Bp[j * kc:(j + 1) * kc]
+                        br = Bp[j * kc : (j + 1) * kc]
                         acc = C.dtype.type(0)
                         for p in range(kc):
                             acc += ar[p] * br[p]
@@ -246,13 +256,13 @@ def _micro_4x3(kc, Ap, ao, Bp, bo, C, i0, j0, m, n, alpha):
     12 FMAs, so the loads no longer limit the FMA units (v3: 2 loads per FMA).  The slices
     make every index provably >= 0, which removes numba's negative-index fix-up from the loop
     (without them LLVM gathers element by element instead of loading vectors)."""
-    a0 = Ap[ao:ao + kc]
-    a1 = Ap[ao + kc:ao + 2 * kc]
-    a2 = Ap[ao + 2 * kc:ao + 3 * kc]
-    a3 = Ap[ao + 3 * kc:ao + 4 * kc]
-    b0 = Bp[bo:bo + kc]
-    b1 = Bp[bo + kc:bo + 2 * kc]
-    b2 = Bp[bo + 2 * kc:bo + 3 * kc]
+    a0 = Ap[ao : ao + kc]
+    a1 = Ap[ao + kc : ao + 2 * kc]
+    a2 = Ap[ao + 2 * kc : ao + 3 * kc]
+    a3 = Ap[ao + 3 * kc : ao + 4 * kc]
+    b0 = Bp[bo : bo + kc]
+    b1 = Bp[bo + kc : bo + 2 * kc]
+    b2 = Bp[bo + 2 * kc : bo + 3 * kc]
     z = C.dtype.type(0)
     c00 = c01 = c02 = c10 = c11 = c12 = c20 = c21 = c22 = c30 = c31 = c32 = z
     for p in range(kc):
@@ -290,7 +300,7 @@ def _micro_4x3(kc, Ap, ao, Bp, bo, C, i0, j0, m, n, alpha):
         r[j0] += alpha * c30
         r[j0 + 1] += alpha * c31
         r[j0 + 2] += alpha * c32
-    else:                                  # an edge tile: the packed padding rows were zeros
+    else:  # an edge tile: the packed padding rows were zeros
         _store_row(C[i0], j0, n, alpha, c00, c01, c02)
         if m > 1:
             _store_row(C[i0 + 1], j0, n, alpha, c10, c11, c12)
@@ -318,8 +328,7 @@ def _macro(alpha, Ap, mc, Bp, nc, kc, C, ic, jc, jr_lo, jr_hi):
         j = jr * NR
         n = min(NR, nc - j)
         for i in range(0, mc, MR):
-            _micro_4x3(kc, Ap, i * kc, Bp, j * kc, C, ic + i, jc + j, min(MR, mc - i), n,
-                       alpha)
+            _micro_4x3(kc, Ap, i * kc, Bp, j * kc, C, ic + i, jc + j, min(MR, mc - i), n, alpha)
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
@@ -343,7 +352,7 @@ def _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, j_hi):
 # the AXPY kernel (op(B) = B, rows of B contiguous along N): it runs when K is short or M is
 # small, where the dot-product form's transposed packing of B is not paid back
 KSHORT, MSMALL = 64, 128
-NB, KB = 1024, 256      # a pass updates C[4 rows, NB columns] (16 KB) from B[KB rows, NB]
+NB, KB = 1024, 256  # a pass updates C[4 rows, NB columns] (16 KB) from B[KB rows, NB]
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -398,7 +407,7 @@ def _axpy_block(alpha, a, ta, b, C, j0, j1, p0, p1):
                     for j in range(w):
                         u, v, s, t = b0[j], b1[j], b2[j], b3[j]
                         c2[j] += x20 * u + x21 * v + x22 * s + x23 * t
-        for p in range(p4, p1):                       # the last (p1 - p0) % 4 values of k
+        for p in range(p4, p1):  # the last (p1 - p0) % 4 values of k
             bp = b[p, j0:j1]
             for i in range(i0, i0 + r):
                 x = _av(a, ta, i, p, alpha)
@@ -425,7 +434,7 @@ def _gemm_v4_micro(alpha, a, ta, b, tb, beta, C):
     (im2col's col: LeNet's and CIFAR's convolutions), the AXPY kernel."""
     _scale_rows(beta, C)
     M, N, K = _dims(a, ta, b, tb)
-    j_lo = N - N          # (not the literal 0: numba would compile a second specialization)
+    j_lo = N - N  # (not the literal 0: numba would compile a second specialization)
     if not tb and (K <= KSHORT or M <= MSMALL):
         _gemm_axpy(alpha, a, ta, b, C, j_lo, N)
     else:
@@ -441,7 +450,7 @@ def _gemm_v5_prange_T(alpha, a, ta, b, tb, beta, C, T):
     threading layer cannot run two parallel regions at once."""
     M, N, K = _dims(a, ta, b, tb)
     _scale_rows(beta, C)
-    per = (N + T * NR - 1) // (T * NR) * NR          # whole NR-strips per thread
+    per = (N + T * NR - 1) // (T * NR) * NR  # whole NR-strips per thread
     for t in prange(T):
         j_lo = min(t * per, N)
         j_hi = min(j_lo + per, N)

@@ -31,13 +31,13 @@ Versions:
              layer cannot run two parallel regions at once, so it must not be called from
              several Python threads; the serial versions can (they release the GIL).
 """
+
 import numpy as np
 from numba import njit, prange
 
 from . import _versions
 
-__all__ = ["im2col", "col2im", "im2col_reference", "col2im_reference", "out_size",
-           "VERSIONS", "DEFAULTS", "use"]
+__all__ = ["im2col", "col2im", "im2col_reference", "col2im_reference", "out_size", "VERSIONS", "DEFAULTS", "use"]
 
 
 @njit(nogil=True, cache=True)
@@ -84,8 +84,9 @@ def im2col_reference(x, kh, kw, ph, pw, sh, sw, dh, dw, col=None):
     out = np.empty((C, kh, kw, N, OH, OW))
     for i in range(kh):
         for j in range(kw):
-            patch = xp[:, :, i * dh: i * dh + sh * (OH - 1) + 1: sh,
-                       j * dw: j * dw + sw * (OW - 1) + 1: sw]          # (N, C, OH, OW)
+            patch = xp[
+                :, :, i * dh : i * dh + sh * (OH - 1) + 1 : sh, j * dw : j * dw + sw * (OW - 1) + 1 : sw
+            ]  # (N, C, OH, OW)
             out[:, i, j] = patch.transpose(1, 0, 2, 3)
     out = out.reshape(C * kh * kw, N * OH * OW)
     if col is not None:
@@ -102,9 +103,10 @@ def col2im_reference(col, kh, kw, ph, pw, sh, sw, dh, dw, x_shape, x=None):
     xp = np.zeros((N, C, H + 2 * ph, W + 2 * pw))
     for i in range(kh):
         for j in range(kw):
-            xp[:, :, i * dh: i * dh + sh * (OH - 1) + 1: sh,
-               j * dw: j * dw + sw * (OW - 1) + 1: sw] += c6[:, i, j].transpose(1, 0, 2, 3)
-    out = xp[:, :, ph: ph + H, pw: pw + W]
+            xp[:, :, i * dh : i * dh + sh * (OH - 1) + 1 : sh, j * dw : j * dw + sw * (OW - 1) + 1 : sw] += c6[
+                :, i, j
+            ].transpose(1, 0, 2, 3)
+    out = xp[:, :, ph : ph + H, pw : pw + W]
     if x is not None:
         x[...] = out
     return out
@@ -175,15 +177,15 @@ def _im2col_tap(xp, i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, crow):
     oh_lo, oh_hi = oh_rng[i, 0], oh_rng[i, 1]
     ow_lo, ow_hi = ow_rng[j, 0], ow_rng[j, 1]
     off_w = j * dw - pw
-    crow[:oh_lo * OW] = 0
+    crow[: oh_lo * OW] = 0
     for oh in range(oh_lo, oh_hi):
         ih = oh * sh - ph + i * dh
         d = oh * OW
-        crow[d:d + ow_lo] = 0
-        if ow_hi > ow_lo:           # (an empty range would make the source slice negative)
-            crow[d + ow_lo:d + ow_hi] = xp[ih, ow_lo * sw + off_w:(ow_hi - 1) * sw + off_w + 1:sw]
-        crow[d + ow_hi:d + OW] = 0
-    crow[oh_hi * OW:] = 0
+        crow[d : d + ow_lo] = 0
+        if ow_hi > ow_lo:  # (an empty range would make the source slice negative)
+            crow[d + ow_lo : d + ow_hi] = xp[ih, ow_lo * sw + off_w : (ow_hi - 1) * sw + off_w + 1 : sw]
+        crow[d + ow_hi : d + OW] = 0
+    crow[oh_hi * OW :] = 0
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -214,8 +216,7 @@ def im2col_v2_rows(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
             for j in range(kw):
                 row = col[(c * kh + i) * kw + j]
                 for n in range(N):
-                    _im2col_tap(x[n, c], i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng,
-                                row[n * P:(n + 1) * P])
+                    _im2col_tap(x[n, c], i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, row[n * P : (n + 1) * P])
 
 
 @njit(nogil=True, cache=True)
@@ -229,8 +230,7 @@ def col2im_v2_rows(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
             for j in range(kw):
                 row = col[(c * kh + i) * kw + j]
                 for n in range(N):
-                    _col2im_tap(row[n * P:(n + 1) * P], i, j, ph, pw, sh, sw, dh, dw, OH, OW,
-                                oh_rng, ow_rng, x[n, c])
+                    _col2im_tap(row[n * P : (n + 1) * P], i, j, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, x[n, c])
 
 
 # -- v3: flat, unsigned indices ------------------------------------------------------------------
@@ -298,8 +298,9 @@ def _im2col_row_flat(x, r, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rn
     z = col.dtype.type(0)
     for n in range(N):
         s0 = (n * C + c) * H * W + (i * dh - ph) * W + (j * dw - pw)
-        _im2col_tap_flat(xf, s0, cf, (r * N + n) * P, sh, sw, W, OW, P, oh_rng[i, 0],
-                         oh_rng[i, 1], ow_rng[j, 0], ow_rng[j, 1], z)
+        _im2col_tap_flat(
+            xf, s0, cf, (r * N + n) * P, sh, sw, W, OW, P, oh_rng[i, 0], oh_rng[i, 1], ow_rng[j, 0], ow_rng[j, 1], z
+        )
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -317,8 +318,9 @@ def _col2im_channel_flat(col, c, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng,
             for j in range(kw):
                 r = (c * kh + i) * kw + j
                 s0 = base + (i * dh - ph) * W + (j * dw - pw)
-                _col2im_tap_flat(cf, (r * N + n) * P, xf, s0, sh, sw, W, OW, oh_rng[i, 0],
-                                 oh_rng[i, 1], ow_rng[j, 0], ow_rng[j, 1])
+                _col2im_tap_flat(
+                    cf, (r * N + n) * P, xf, s0, sh, sw, W, OW, oh_rng[i, 0], oh_rng[i, 1], ow_rng[j, 0], ow_rng[j, 1]
+                )
 
 
 @njit(nogil=True, cache=True)
@@ -350,15 +352,23 @@ def im2col_v4_prange(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
 def col2im_v4_prange(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
     N, C, H, W, OH, OW = _check(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     oh_rng, ow_rng = _ranges(kh, kw, ph, pw, sh, sw, dh, dw, H, W, OH, OW)
-    for c in prange(C):               # channel c writes only x[:, c]: no two threads collide
+    for c in prange(C):  # channel c writes only x[:, c]: no two threads collide
         _col2im_channel_flat(col, c, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, x)
 
 
 VERSIONS = {
-    "im2col": {"v1_naive": im2col_v1_naive, "v2_rows": im2col_v2_rows,
-               "v3_flat": im2col_v3_flat, "v4_prange": im2col_v4_prange},
-    "col2im": {"v1_naive": col2im_v1_naive, "v2_rows": col2im_v2_rows,
-               "v3_flat": col2im_v3_flat, "v4_prange": col2im_v4_prange},
+    "im2col": {
+        "v1_naive": im2col_v1_naive,
+        "v2_rows": im2col_v2_rows,
+        "v3_flat": im2col_v3_flat,
+        "v4_prange": im2col_v4_prange,
+    },
+    "col2im": {
+        "v1_naive": col2im_v1_naive,
+        "v2_rows": col2im_v2_rows,
+        "v3_flat": col2im_v3_flat,
+        "v4_prange": col2im_v4_prange,
+    },
 }
 DEFAULTS = {"im2col": "v3_flat", "col2im": "v3_flat"}
 REFERENCES = {"im2col": im2col_reference, "col2im": col2im_reference}

@@ -33,6 +33,7 @@ Versions:
   v4_prange  v2 with the (n, c) planes split across cores by prange.  Opt-in: numba's default
              workqueue threading layer cannot run two parallel regions at once.
 """
+
 import numpy as np
 from numba import njit, prange
 
@@ -40,9 +41,19 @@ from . import _versions
 
 _U = np.uint64
 
-__all__ = ["max_pool_fwd", "max_pool_bwd", "ave_pool_fwd", "ave_pool_bwd",
-           "max_pool_fwd_reference", "max_pool_bwd_reference", "ave_pool_fwd_reference",
-           "ave_pool_bwd_reference", "VERSIONS", "DEFAULTS", "use"]
+__all__ = [
+    "max_pool_fwd",
+    "max_pool_bwd",
+    "ave_pool_fwd",
+    "ave_pool_bwd",
+    "max_pool_fwd_reference",
+    "max_pool_bwd_reference",
+    "ave_pool_fwd_reference",
+    "ave_pool_bwd_reference",
+    "VERSIONS",
+    "DEFAULTS",
+    "use",
+]
 
 
 # -- reference (numpy, float64) ----------------------------------------------------------------
@@ -55,7 +66,7 @@ def _windows(H, W, PH, PW, kh, kw, sh, sw, ph, pw):
             div = (he - hs) * (we - ws)
             hs, ws = max(hs, 0), max(ws, 0)
             he, we = min(he, H), min(we, W)
-            yield p, q, hs, he, ws, we, max(div, 1)     # an empty window: 0 / 1 (see top)
+            yield p, q, hs, he, ws, we, max(div, 1)  # an empty window: 0 / 1 (see top)
 
 
 def max_pool_fwd_reference(x, kh, kw, sh, sw, ph, pw, PH, PW):
@@ -211,7 +222,7 @@ def _table(n_out, size, k, s, p):
     for o in range(n_out):
         a = o * s - p
         b = min(a + k, size + p)
-        t[o, 2] = max(b - a, 1)         # the divisor's factor (>= 1: see the top)
+        t[o, 2] = max(b - a, 1)  # the divisor's factor (>= 1: see the top)
         t[o, 0] = max(a, 0)
         t[o, 1] = min(b, size)
     return t
@@ -239,7 +250,7 @@ def _max_plane(xf, xb, W, th, tw, yf, mf, yb):
                 for w in range(ws, we):
                     k = h * W + w
                     v = xf[_U(xb + k)]
-                    gt = v > best                # strict: ties keep the first in scan order
+                    gt = v > best  # strict: ties keep the first in scan order
                     best = v if gt else best
                     idx = k if gt else idx
             yf[o] = best
@@ -332,8 +343,7 @@ def ave_pool_bwd_v2_plane(dy, kh, kw, sh, sw, ph, pw, dx):
 def max_pool_fwd_v3_k2s2(x, kh, kw, sh, sw, ph, pw, y, mask):
     N, C, H, W = x.shape
     PH, PW = y.shape[2], y.shape[3]
-    if not (kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0
-            and 2 * PH <= H and 2 * PW <= W):
+    if not (kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0 and 2 * PH <= H and 2 * PW <= W):
         max_pool_fwd_v2_plane(x, kh, kw, sh, sw, ph, pw, y, mask)
         return
     _check(x, y, kh, kw, sh, sw, ph, pw)
@@ -368,8 +378,7 @@ def max_pool_fwd_v3_k2s2(x, kh, kw, sh, sw, ph, pw, y, mask):
 def ave_pool_fwd_v3_k2s2(x, kh, kw, sh, sw, ph, pw, y):
     N, C, H, W = x.shape
     PH, PW = y.shape[2], y.shape[3]
-    if not (kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0
-            and 2 * PH <= H and 2 * PW <= W):
+    if not (kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0 and 2 * PH <= H and 2 * PW <= W):
         ave_pool_fwd_v2_plane(x, kh, kw, sh, sw, ph, pw, y)
         return
     _check(x, y, kh, kw, sh, sw, ph, pw)
@@ -431,19 +440,41 @@ def ave_pool_bwd_v4_prange(dy, kh, kw, sh, sw, ph, pw, dx):
 
 
 VERSIONS = {
-    "max_pool_fwd": {"v1_naive": max_pool_fwd_v1_naive, "v2_plane": max_pool_fwd_v2_plane,
-                     "v3_k2s2": max_pool_fwd_v3_k2s2, "v4_prange": max_pool_fwd_v4_prange},
-    "max_pool_bwd": {"v1_naive": max_pool_bwd_v1_naive, "v2_plane": max_pool_bwd_v2_plane,
-                     "v4_prange": max_pool_bwd_v4_prange},
-    "ave_pool_fwd": {"v1_naive": ave_pool_fwd_v1_naive, "v2_plane": ave_pool_fwd_v2_plane,
-                     "v3_k2s2": ave_pool_fwd_v3_k2s2, "v4_prange": ave_pool_fwd_v4_prange},
-    "ave_pool_bwd": {"v1_naive": ave_pool_bwd_v1_naive, "v2_plane": ave_pool_bwd_v2_plane,
-                     "v4_prange": ave_pool_bwd_v4_prange},
+    "max_pool_fwd": {
+        "v1_naive": max_pool_fwd_v1_naive,
+        "v2_plane": max_pool_fwd_v2_plane,
+        "v3_k2s2": max_pool_fwd_v3_k2s2,
+        "v4_prange": max_pool_fwd_v4_prange,
+    },
+    "max_pool_bwd": {
+        "v1_naive": max_pool_bwd_v1_naive,
+        "v2_plane": max_pool_bwd_v2_plane,
+        "v4_prange": max_pool_bwd_v4_prange,
+    },
+    "ave_pool_fwd": {
+        "v1_naive": ave_pool_fwd_v1_naive,
+        "v2_plane": ave_pool_fwd_v2_plane,
+        "v3_k2s2": ave_pool_fwd_v3_k2s2,
+        "v4_prange": ave_pool_fwd_v4_prange,
+    },
+    "ave_pool_bwd": {
+        "v1_naive": ave_pool_bwd_v1_naive,
+        "v2_plane": ave_pool_bwd_v2_plane,
+        "v4_prange": ave_pool_bwd_v4_prange,
+    },
 }
-DEFAULTS = {"max_pool_fwd": "v3_k2s2", "max_pool_bwd": "v2_plane",
-            "ave_pool_fwd": "v3_k2s2", "ave_pool_bwd": "v2_plane"}
-REFERENCES = {"max_pool_fwd": max_pool_fwd_reference, "max_pool_bwd": max_pool_bwd_reference,
-              "ave_pool_fwd": ave_pool_fwd_reference, "ave_pool_bwd": ave_pool_bwd_reference}
+DEFAULTS = {
+    "max_pool_fwd": "v3_k2s2",
+    "max_pool_bwd": "v2_plane",
+    "ave_pool_fwd": "v3_k2s2",
+    "ave_pool_bwd": "v2_plane",
+}
+REFERENCES = {
+    "max_pool_fwd": max_pool_fwd_reference,
+    "max_pool_bwd": max_pool_bwd_reference,
+    "ave_pool_fwd": ave_pool_fwd_reference,
+    "ave_pool_bwd": ave_pool_bwd_reference,
+}
 
 max_pool_fwd = VERSIONS["max_pool_fwd"][DEFAULTS["max_pool_fwd"]]
 max_pool_bwd = VERSIONS["max_pool_bwd"][DEFAULTS["max_pool_bwd"]]

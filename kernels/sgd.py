@@ -24,13 +24,13 @@ Versions:
   v3_prange  v2 split across cores by prange (opt-in: numba's workqueue threading layer
              cannot run two parallel regions at once; worth it only for big blobs).
 """
+
 import numpy as np
 from numba import njit, prange
 
 from . import _versions
 
-__all__ = ["sgd_momentum_update", "sgd_momentum_update_reference", "VERSIONS", "DEFAULTS",
-           "use"]
+__all__ = ["sgd_momentum_update", "sgd_momentum_update_reference", "VERSIONS", "DEFAULTS", "use"]
 
 
 def sgd_momentum_update_reference(w, g, h, lr, momentum, weight_decay):
@@ -51,11 +51,11 @@ def sgd_momentum_update_v1_naive(w, g, h, lr, momentum, weight_decay):
     _check(w, g, h)
     n = w.size
     t = np.empty_like(g)
-    for i in range(n):                  # Regularize: t = g + wd * w     (caffe_axpy)
+    for i in range(n):  # Regularize: t = g + wd * w     (caffe_axpy)
         t[i] = g[i] + weight_decay * w[i]
-    for i in range(n):                  # ComputeUpdateValue: h = lr*t + m*h  (caffe_cpu_axpby)
+    for i in range(n):  # ComputeUpdateValue: h = lr*t + m*h  (caffe_cpu_axpby)
         h[i] = lr * t[i] + momentum * h[i]
-    for i in range(n):                  # Update: w -= h                 (caffe_axpy)
+    for i in range(n):  # Update: w -= h                 (caffe_axpy)
         w[i] -= h[i]
 
 
@@ -88,9 +88,13 @@ def sgd_momentum_update_v3_prange(w, g, h, lr, momentum, weight_decay):
         _fused_range(w, g, h, a, m, d, b * _CHUNK, min((b + 1) * _CHUNK, n))
 
 
-VERSIONS = {"sgd_momentum_update": {"v1_naive": sgd_momentum_update_v1_naive,
-                                    "v2_fused": sgd_momentum_update_v2_fused,
-                                    "v3_prange": sgd_momentum_update_v3_prange}}
+VERSIONS = {
+    "sgd_momentum_update": {
+        "v1_naive": sgd_momentum_update_v1_naive,
+        "v2_fused": sgd_momentum_update_v2_fused,
+        "v3_prange": sgd_momentum_update_v3_prange,
+    }
+}
 DEFAULTS = {"sgd_momentum_update": "v2_fused"}
 REFERENCES = {"sgd_momentum_update": sgd_momentum_update_reference}
 

@@ -29,6 +29,7 @@ Versions:
   v4_prange  v3 with `outer` split across cores by prange (opt-in: numba's workqueue
              threading layer cannot run two parallel regions at once).
 """
+
 import math
 
 import numpy as np
@@ -36,11 +37,22 @@ from numba import njit, prange
 
 from . import _versions
 
-__all__ = ["softmax_fwd", "softmax_bwd", "softmax_loss_fwd", "softmax_loss_bwd",
-           "softmax_fwd_reference", "softmax_bwd_reference", "softmax_loss_fwd_reference",
-           "softmax_loss_bwd_reference", "VERSIONS", "DEFAULTS", "use", "FLT_MIN"]
+__all__ = [
+    "softmax_fwd",
+    "softmax_bwd",
+    "softmax_loss_fwd",
+    "softmax_loss_bwd",
+    "softmax_fwd_reference",
+    "softmax_bwd_reference",
+    "softmax_loss_fwd_reference",
+    "softmax_loss_bwd_reference",
+    "VERSIONS",
+    "DEFAULTS",
+    "use",
+    "FLT_MIN",
+]
 
-FLT_MIN = float(np.finfo(np.float32).tiny)     # Caffe clamps prob at FLT_MIN for both dtypes
+FLT_MIN = float(np.finfo(np.float32).tiny)  # Caffe clamps prob at FLT_MIN for both dtypes
 
 
 # -- reference (numpy, float64) ----------------------------------------------------------------
@@ -60,7 +72,7 @@ def _labels_reference(prob, label, ignore_label, has_ignore):
     outer, C, inner = prob.shape
     lab = np.asarray(label, dtype=np.float64).reshape(outer, inner)
     with np.errstate(invalid="ignore"):
-        li = np.where(np.isfinite(lab), np.trunc(lab), -(2 ** 62)).astype(np.int64)
+        li = np.where(np.isfinite(lab), np.trunc(lab), -(2**62)).astype(np.int64)
     keep = ~(li == ignore_label) if has_ignore else np.ones(li.shape, bool)
     bad = keep & ((li < 0) | (li >= C))
     if bad.any():
@@ -80,13 +92,15 @@ def softmax_loss_fwd_reference(prob, label, ignore_label, has_ignore):
 def softmax_loss_bwd_reference(prob, label, ignore_label, has_ignore, scale):
     prob = np.asarray(prob, dtype=np.float64)
     li, keep = _labels_reference(prob, label, ignore_label, has_ignore)
-    onehot = (np.arange(prob.shape[1])[None, :, None] == li[:, None, :])
+    onehot = np.arange(prob.shape[1])[None, :, None] == li[:, None, :]
     return scale * (prob - onehot) * keep[:, None, :]
 
 
 def _bad_label_message(value, o, k, C):
-    return (f"softmax loss: label {value!r} at position (outer={o}, inner={k}) is outside "
-            f"[0, {C}) and is not the ignore label")
+    return (
+        f"softmax loss: label {value!r} at position (outer={o}, inner={k}) is outside "
+        f"[0, {C}) and is not the ignore label"
+    )
 
 
 # -- v1: naive ----------------------------------------------------------------------------------
@@ -121,7 +135,7 @@ def softmax_bwd_v1_naive(y, dy, dx):
 def _label_at(label, o, k, C, ignore_label, has_ignore):
     """-1: ignored; -2: bad; else the class index."""
     v = label[o, k]
-    if not (v > -2.0 ** 62 and v < 2.0 ** 62):      # NaN, inf, absurd
+    if not (v > -(2.0**62) and v < 2.0**62):  # NaN, inf, absurd
         return -2
     li = int(v)
     if has_ignore and li == ignore_label:
@@ -215,9 +229,9 @@ def _loss_bwd_v2(prob, label, ignore_label, has_ignore, scale, dx):
     sc = dx.dtype.type(scale)
     pf = prob.reshape(-1)
     df = dx.reshape(-1)
-    for i in range(pf.size):                    # the stream: dx = scale * prob
+    for i in range(pf.size):  # the stream: dx = scale * prob
         df[i] = sc * pf[i]
-    for o in range(outer):                      # the corrections: O(outer*inner), not O(size)
+    for o in range(outer):  # the corrections: O(outer*inner), not O(size)
         for k in range(inner):
             li = _label_at(label, o, k, C, ignore_label, has_ignore)
             if li == -2:
@@ -326,8 +340,9 @@ def _as_label(prob, label):
     outer, C, inner = prob.shape
     label = np.asarray(label)
     if label.size != outer * inner:
-        raise ValueError(f"softmax loss: label has {label.size} elements, prob {prob.shape} "
-                         f"needs outer*inner = {outer * inner}")
+        raise ValueError(
+            f"softmax loss: label has {label.size} elements, prob {prob.shape} needs outer*inner = {outer * inner}"
+        )
     return label.reshape(outer, inner)
 
 
@@ -344,6 +359,7 @@ def _make_loss_fwd(kernel):
         if bad >= 0:
             _raise_bad(prob, label, bad)
         return loss, count
+
     softmax_loss_fwd.kernel = kernel
     return softmax_loss_fwd
 
@@ -354,6 +370,7 @@ def _make_loss_bwd(kernel):
         bad = kernel(prob, label, int(ignore_label), bool(has_ignore), float(scale), dx)
         if bad >= 0:
             _raise_bad(prob, label, bad)
+
     softmax_loss_bwd.kernel = kernel
     return softmax_loss_bwd
 
@@ -363,19 +380,34 @@ _loss_bwd_v1_naive = _make_loss_bwd(_loss_bwd_v1)
 _loss_bwd_v2_fused = _make_loss_bwd(_loss_bwd_v2)
 
 VERSIONS = {
-    "softmax_fwd": {"v1_naive": softmax_fwd_v1_naive, "v2_fused": softmax_fwd_v2_fused,
-                    "v3_inner": softmax_fwd_v3_inner, "v4_prange": softmax_fwd_v4_prange},
-    "softmax_bwd": {"v1_naive": softmax_bwd_v1_naive, "v2_fused": softmax_bwd_v2_fused,
-                    "v3_inner": softmax_bwd_v3_inner, "v4_prange": softmax_bwd_v4_prange},
+    "softmax_fwd": {
+        "v1_naive": softmax_fwd_v1_naive,
+        "v2_fused": softmax_fwd_v2_fused,
+        "v3_inner": softmax_fwd_v3_inner,
+        "v4_prange": softmax_fwd_v4_prange,
+    },
+    "softmax_bwd": {
+        "v1_naive": softmax_bwd_v1_naive,
+        "v2_fused": softmax_bwd_v2_fused,
+        "v3_inner": softmax_bwd_v3_inner,
+        "v4_prange": softmax_bwd_v4_prange,
+    },
     # the loss is O(outer*inner) work, a vanishing part of a step: two rungs are enough
     "softmax_loss_fwd": {"v1_naive": _loss_fwd_v1_naive},
     "softmax_loss_bwd": {"v1_naive": _loss_bwd_v1_naive, "v2_fused": _loss_bwd_v2_fused},
 }
-DEFAULTS = {"softmax_fwd": "v3_inner", "softmax_bwd": "v3_inner",
-            "softmax_loss_fwd": "v1_naive", "softmax_loss_bwd": "v2_fused"}
-REFERENCES = {"softmax_fwd": softmax_fwd_reference, "softmax_bwd": softmax_bwd_reference,
-              "softmax_loss_fwd": softmax_loss_fwd_reference,
-              "softmax_loss_bwd": softmax_loss_bwd_reference}
+DEFAULTS = {
+    "softmax_fwd": "v3_inner",
+    "softmax_bwd": "v3_inner",
+    "softmax_loss_fwd": "v1_naive",
+    "softmax_loss_bwd": "v2_fused",
+}
+REFERENCES = {
+    "softmax_fwd": softmax_fwd_reference,
+    "softmax_bwd": softmax_bwd_reference,
+    "softmax_loss_fwd": softmax_loss_fwd_reference,
+    "softmax_loss_bwd": softmax_loss_bwd_reference,
+}
 
 softmax_fwd = VERSIONS["softmax_fwd"][DEFAULTS["softmax_fwd"]]
 softmax_bwd = VERSIONS["softmax_bwd"][DEFAULTS["softmax_bwd"]]

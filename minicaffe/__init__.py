@@ -9,20 +9,43 @@ Use it as pycaffe::
     net.blobs["data"].data[...] = images; net.forward(); net.backward()
     net.params["conv1"][0].data                                      # weights, writable in place
 """
+
 from . import backend as _backend
 from . import io
 from .blob import Blob
 from .errors import LayerError, MinicaffeError, NetError, PrototxtError, SolverError, WeightsError
-from .layer import Layer, LAYERS
+from .layer import LAYERS, Layer
 from .net import TEST, TRAIN, Net
 from .rng import set_random_seed
 
 __version__ = "0.1.0"
 
-__all__ = ["Blob", "Layer", "Net", "TRAIN", "TEST", "io", "set_mode_cpu", "set_mode_gpu", "set_device",
-           "set_random_seed", "layer_type_list", "MinicaffeError", "PrototxtError", "LayerError", "NetError",
-           "SolverError", "WeightsError", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
-           "AdaDeltaSolver", "AdamSolver", "get_solver"]
+__all__ = [
+    "Blob",
+    "Layer",
+    "Net",
+    "TRAIN",
+    "TEST",
+    "io",
+    "set_mode_cpu",
+    "set_mode_gpu",
+    "set_device",
+    "set_random_seed",
+    "layer_type_list",
+    "MinicaffeError",
+    "PrototxtError",
+    "LayerError",
+    "NetError",
+    "SolverError",
+    "WeightsError",
+    "SGDSolver",
+    "NesterovSolver",
+    "AdaGradSolver",
+    "RMSPropSolver",
+    "AdaDeltaSolver",
+    "AdamSolver",
+    "get_solver",
+]
 
 
 def set_mode_cpu():
@@ -40,14 +63,24 @@ def set_device(index):
 
 def layer_type_list():
     from .layer import layer_class
-    layer_class("Input")          # imports and registers every layer
+
+    layer_class("Input")  # imports and registers every layer
     return sorted(LAYERS)
 
 
 def __getattr__(name):
     # solvers live in their own package and are imported on first use
-    if name in ("SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver",
-                "AdamSolver", "get_solver", "Solver"):
+    if name in (
+        "SGDSolver",
+        "NesterovSolver",
+        "AdaGradSolver",
+        "RMSPropSolver",
+        "AdaDeltaSolver",
+        "AdamSolver",
+        "get_solver",
+        "Solver",
+    ):
         from . import solvers
+
         return getattr(solvers, name)
     raise AttributeError(f"module 'minicaffe' has no attribute '{name}'")

@@ -12,6 +12,7 @@ The arrays belong to the blob's backend (numpy on ``cpu`` and ``cudasim``, CuPy 
 Storage may also be *attached* from outside (``attach``): the memory planner (minicaffe.memory)
 places every blob of a net inside one arena allocation that way.
 """
+
 import numpy as np
 
 from .errors import MinicaffeError
@@ -30,8 +31,19 @@ def _as_shape(shape):
 
 
 class Blob:
-    __slots__ = ("name", "xp", "dtype", "_shape", "_count", "_data_buf", "_diff_buf",
-                 "_data_view", "_diff_view", "_capacity", "_attached")
+    __slots__ = (
+        "name",
+        "xp",
+        "dtype",
+        "_shape",
+        "_count",
+        "_data_buf",
+        "_diff_buf",
+        "_data_view",
+        "_diff_view",
+        "_capacity",
+        "_attached",
+    )
 
     def __init__(self, shape=(), dtype=np.float32, xp=np, name=""):
         self.name = name
@@ -98,7 +110,8 @@ class Blob:
             if self._attached and count > self._capacity:
                 raise MinicaffeError(
                     f"blob '{self.name}' lives in a planned arena of {self._capacity} elements and cannot "
-                    f"grow to shape {shape} ({count} elements); re-plan the net's memory after reshaping")
+                    f"grow to shape {shape} ({count} elements); re-plan the net's memory after reshaping"
+                )
             self._capacity = count
             self._data_buf = self.xp.zeros(count, dtype=self.dtype)
             self._diff_buf = self.xp.zeros(count, dtype=self.dtype)
@@ -122,7 +135,7 @@ class Blob:
     def data(self):
         v = self._data_view
         if v is None:
-            v = self._data_view = self._data_buf[:self._count].reshape(self._shape)
+            v = self._data_view = self._data_buf[: self._count].reshape(self._shape)
         return v
 
     @data.setter
@@ -133,7 +146,7 @@ class Blob:
     def diff(self):
         v = self._diff_view
         if v is None:
-            v = self._diff_view = self._diff_buf[:self._count].reshape(self._shape)
+            v = self._diff_view = self._diff_buf[: self._count].reshape(self._shape)
         return v
 
     @diff.setter
@@ -143,31 +156,35 @@ class Blob:
     def _assign(self, dst, value, what):
         value = self.xp.asarray(value)
         if value.shape != self._shape and value.size != self._count:
-            raise MinicaffeError(f"cannot assign an array of shape {value.shape} to {what} of blob "
-                                 f"'{self.name}' with shape {self._shape}")
+            raise MinicaffeError(
+                f"cannot assign an array of shape {value.shape} to {what} of blob "
+                f"'{self.name}' with shape {self._shape}"
+            )
         dst[...] = value.reshape(self._shape)
 
     @property
     def flat_data(self):
-        return self._data_buf[:self._count]
+        return self._data_buf[: self._count]
 
     @property
     def flat_diff(self):
-        return self._diff_buf[:self._count]
+        return self._diff_buf[: self._count]
 
     def share_data(self, other):
         """Use other's data storage (Caffe's ShareData); shapes must have equal counts."""
         if other.count != self._count:
-            raise MinicaffeError(f"share_data: blob '{self.name}' {self._shape} and '{other.name}' "
-                                 f"{other.shape} differ in count")
+            raise MinicaffeError(
+                f"share_data: blob '{self.name}' {self._shape} and '{other.name}' {other.shape} differ in count"
+            )
         self._data_buf = other._data_buf
         self._capacity = min(self._capacity, other._capacity) if self._diff_buf is not None else other._capacity
         self._data_view = None
 
     def share_diff(self, other):
         if other.count != self._count:
-            raise MinicaffeError(f"share_diff: blob '{self.name}' {self._shape} and '{other.name}' "
-                                 f"{other.shape} differ in count")
+            raise MinicaffeError(
+                f"share_diff: blob '{self.name}' {self._shape} and '{other.name}' {other.shape} differ in count"
+            )
         self._diff_buf = other._diff_buf
         self._diff_view = None
 

@@ -5,6 +5,7 @@ produces, shapes that do not fit) is one of these, and its message says *what* i
 *where* (file:line:column, layer name and type, the shapes involved).  A numpy broadcasting error
 or a numba typing error reaching a user is a bug in minicaffe.
 """
+
 import difflib
 
 

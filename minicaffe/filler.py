@@ -8,6 +8,7 @@ to the blob's device once.
 fan_in = count / shape[0] and fan_out = count / shape[1], as in Caffe (for a conv weight
 (out, in/group, kh, kw): fan_in = in/group * kh * kw).
 """
+
 import math
 
 import numpy as np
@@ -83,8 +84,13 @@ def _bilinear(param, shape, rng):
 
 
 FILLERS = {
-    "constant": _constant, "uniform": _uniform, "gaussian": _gaussian,
-    "positive_unitball": _positive_unitball, "xavier": _xavier, "msra": _msra, "bilinear": _bilinear,
+    "constant": _constant,
+    "uniform": _uniform,
+    "gaussian": _gaussian,
+    "positive_unitball": _positive_unitball,
+    "xavier": _xavier,
+    "msra": _msra,
+    "bilinear": _bilinear,
 }
 
 
@@ -93,7 +99,8 @@ def fill(blob, param):
     kind = param.type
     fn = FILLERS.get(kind)
     if fn is None:
-        raise MinicaffeError(f"unknown filler type '{kind}' for blob '{blob.name}'."
-                             + did_you_mean(kind, FILLERS, "fillers"))
+        raise MinicaffeError(
+            f"unknown filler type '{kind}' for blob '{blob.name}'." + did_you_mean(kind, FILLERS, "fillers")
+        )
     values = fn(param, tuple(blob.shape), get_rng())
     blob.data[...] = blob.xp.asarray(values.astype(blob.dtype, copy=False))

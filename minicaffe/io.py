@@ -16,6 +16,7 @@ Loading follows Caffe's CopyTrainedLayersFrom: parameters are matched by layer n
 file has and the net lacks are skipped (listed in ``load_weights``'s return value); a layer whose
 blob count or shapes differ is an error naming the layer, the blob and both shapes.
 """
+
 import io as _io
 import os
 import tempfile
@@ -67,6 +68,7 @@ def save_weights(net, path):
 
 def encode_caffemodel(net):
     from . import proto
+
     msg = proto.Message("NetParameter", name=net.name)
     for name, layer in zip(net._layer_names, net.layers):
         lp = msg.add("layer", name=name, type=layer.type)
@@ -98,13 +100,15 @@ def read_weight_arrays(path):
         out = {}
         for lname, blobs in layers.items():
             if sorted(blobs) != list(range(len(blobs))):
-                raise WeightsError(f"{path}: layer '{lname}' has blob indices {sorted(blobs)}; expected 0..{len(blobs)-1}")
+                raise WeightsError(
+                    f"{path}: layer '{lname}' has blob indices {sorted(blobs)}; expected 0..{len(blobs) - 1}"
+                )
             out[lname] = [blobs[i] for i in range(len(blobs))]
         return out
     if raw[:4] == HDF5_MAGIC:
-        raise WeightsError(f"{path}: HDF5 weights (.caffemodel.h5) are not supported; "
-                           f"use a binary .caffemodel or .npz")
+        raise WeightsError(f"{path}: HDF5 weights (.caffemodel.h5) are not supported; use a binary .caffemodel or .npz")
     from . import proto
+
     msg = proto.upgrade_net(proto.decode(raw, "NetParameter", filename=path))
     out = {}
     for lp in msg.layer:
@@ -137,19 +141,23 @@ def load_weights(net, path):
     """Copy parameters from ``path`` into ``net`` by layer name; return the skipped layer names."""
     arrays = read_weight_arrays(path)
     skipped, copies = [], []
-    for lname, values in arrays.items():          # check everything before changing anything
+    for lname, values in arrays.items():  # check everything before changing anything
         layer = net.layer_dict.get(lname)
         if layer is None:
             skipped.append(lname)
             continue
         if len(values) != len(layer.blobs):
-            raise WeightsError(f"{path}: layer '{lname}' has {len(values)} parameter blob(s) in the file "
-                               f"but {len(layer.blobs)} in the net")
+            raise WeightsError(
+                f"{path}: layer '{lname}' has {len(values)} parameter blob(s) in the file "
+                f"but {len(layer.blobs)} in the net"
+            )
         for i, (blob, arr) in enumerate(zip(layer.blobs, values)):
             if tuple(arr.shape) != blob.shape:
                 if not (arr.size == blob.count and _legacy_equal(blob.shape, arr.shape)):
-                    raise WeightsError(f"{path}: layer '{lname}' blob {i}: the file has shape {tuple(arr.shape)} "
-                                       f"but the net expects {blob.shape}")
+                    raise WeightsError(
+                        f"{path}: layer '{lname}' blob {i}: the file has shape {tuple(arr.shape)} "
+                        f"but the net expects {blob.shape}"
+                    )
             copies.append((blob, arr))
     for blob, arr in copies:
         blob.data[...] = net.backend.from_host(arr.reshape(blob.shape), blob.dtype)
@@ -170,6 +178,7 @@ def blobproto_to_array(blob, return_diff=False):
 def array_to_blobproto(arr, diff=None):
     """A numpy array as a BlobProto message (shape + float data), as pycaffe's helper."""
     from . import proto
+
     arr = np.asarray(arr)
     blob = proto.Message("BlobProto")
     blob.get_or_create("shape").dim.extend(int(d) for d in arr.shape)
@@ -188,12 +197,13 @@ class Transformer:
     """
 
     def __init__(self, inputs):
-        self.inputs = dict(inputs)          # {blob name: shape}
+        self.inputs = dict(inputs)  # {blob name: shape}
         self.transpose, self.channel_swap, self.raw_scale, self.mean, self.input_scale = {}, {}, {}, {}, {}
 
     def _check(self, name):
         if name not in self.inputs:
             from .errors import MinicaffeError
+
             raise MinicaffeError(f"Transformer: '{name}' is not one of its inputs {list(self.inputs)}")
 
     def set_transpose(self, name, order):

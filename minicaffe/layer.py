@@ -18,6 +18,7 @@ string) and is registered with ``@register``; it declares its arity with the cla
 A layer never branches on the device: array work goes through ``self.xp`` (numpy or CuPy) and
 kernels through ``self.backend`` (a module of flat functions, see minicaffe.backend).
 """
+
 import numpy as np
 
 from .blob import Blob
@@ -38,10 +39,14 @@ def register(cls):
 
 def layer_class(type_name, where=""):
     from . import layers  # noqa: F401  (registers every built-in layer)
+
     cls = LAYERS.get(type_name)
     if cls is None:
-        raise LayerError(where or "?", type_name,
-                         f"unknown layer type '{type_name}'." + did_you_mean(type_name, LAYERS, "layer types"))
+        raise LayerError(
+            where or "?",
+            type_name,
+            f"unknown layer type '{type_name}'." + did_you_mean(type_name, LAYERS, "layer types"),
+        )
     return cls
 
 
@@ -61,6 +66,7 @@ class Layer:
     def __init__(self, param, backend=None, dtype=np.float32, phase="TRAIN"):
         if backend is None:
             from . import backend as _backend
+
             backend = _backend.get()
         self.param = param
         self.name = param.name
@@ -68,7 +74,7 @@ class Layer:
         self.xp = backend.xp
         self.dtype = np.dtype(dtype)
         self.phase = phase
-        self.blobs = []            # learnable parameters, in Caffe's order (weights, bias, ...)
+        self.blobs = []  # learnable parameters, in Caffe's order (weights, bias, ...)
         self.param_propagate_down = []
         self.loss_weights = []
 
@@ -92,8 +98,10 @@ class Layer:
         self.set_loss_weights(top)
 
     def check_arity(self, bottom, top):
-        for what, blobs, lo, hi in (("bottom", bottom, self.min_bottom, self.max_bottom),
-                                    ("top", top, self.min_top, self.max_top)):
+        for what, blobs, lo, hi in (
+            ("bottom", bottom, self.min_bottom, self.max_bottom),
+            ("top", top, self.min_top, self.max_top),
+        ):
             n = len(blobs)
             if n < lo or (hi is not None and n > hi):
                 want = f"exactly {lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")

@@ -18,6 +18,7 @@ Building a net, in Caffe's order:
 The result is run forward (``forward``), backward (``backward``), or both (``forward_backward``);
 each layer's ``forward`` is preceded by its ``reshape``, so inputs may change shape between calls.
 """
+
 import os
 from collections import OrderedDict
 
@@ -42,10 +43,12 @@ def normalize_phase(phase):
 def load_net_param(source):
     """A NetParameter Message from a path, a Message, or prototxt text (upgraded)."""
     from . import proto
+
     if isinstance(source, proto.Message):
         param = source.copy()
-    elif isinstance(source, (str, os.PathLike)) and (os.path.exists(source) or "\n" not in str(source)
-                                                    and str(source).endswith(".prototxt")):
+    elif isinstance(source, (str, os.PathLike)) and (
+        os.path.exists(source) or "\n" not in str(source) and str(source).endswith(".prototxt")
+    ):
         param = proto.parse_file(os.fspath(source), "NetParameter")
     elif isinstance(source, str) and ("{" in source or ":" in source):
         param = proto.parse(source, "NetParameter", filename="<string>")
@@ -87,13 +90,15 @@ def filter_layers(layers, phase, level=0, stages=()):
 def _input_layer(net_param):
     """Caffe's UpgradeNetInput: `input: "data" input_shape {...}` -> an Input layer at the front."""
     from . import proto
+
     names = list(net_param.input)
     if not names:
         return []
     shapes = list(net_param.input_shape)
     if len(shapes) not in (0, 1, len(names)):
-        raise NetError(f"the net has {len(names)} input(s) but {len(shapes)} input_shape(s); "
-                       f"give one input_shape per input")
+        raise NetError(
+            f"the net has {len(names)} input(s) but {len(shapes)} input_shape(s); give one input_shape per input"
+        )
     if not shapes:
         raise NetError(f"input(s) {names} have no input_shape (or input_dim)")
     lp = proto.Message("LayerParameter", name="input", type="Input")
@@ -111,14 +116,15 @@ def split_blob_name(layer_name, blob_name, top_index, split_index):
 def insert_splits(layers):
     """Give every consumer of a multiply-used blob its own copy (Caffe's InsertSplits)."""
     from . import proto
-    last_producer = {}          # blob name -> (layer index, top index)
-    consumers = {}              # (layer index, top index) -> number of bottoms reading it
-    source_of = {}              # (layer index, bottom index) -> (layer index, top index)
-    loss_of = {}                # (layer index, top index) -> loss weight
+
+    last_producer = {}  # blob name -> (layer index, top index)
+    consumers = {}  # (layer index, top index) -> number of bottoms reading it
+    source_of = {}  # (layer index, bottom index) -> (layer index, top index)
+    loss_of = {}  # (layer index, top index) -> loss weight
     for i, lp in enumerate(layers):
         for j, b in enumerate(lp.bottom):
             if b not in last_producer:
-                continue        # reported later by the net, with the layer's name
+                continue  # reported later by the net, with the layer's name
             src = last_producer[b]
             source_of[(i, j)] = src
             consumers[src] = consumers.get(src, 0) + 1
@@ -163,8 +169,7 @@ class Net:
     ``blob_loss_weights``; methods ``forward``, ``backward``, ``reshape``, ``save``, ``copy_from``.
     """
 
-    def __init__(self, network, *args, phase=None, weights=None, level=0, stages=(),
-                 dtype=np.float32, backend=None):
+    def __init__(self, network, *args, phase=None, weights=None, level=0, stages=(), dtype=np.float32, backend=None):
         if args:
             if len(args) == 1:
                 phase = args[0] if phase is None else phase
@@ -173,7 +178,7 @@ class Net:
             else:
                 raise MinicaffeError("Net(prototxt, phase) or Net(prototxt, weights, phase)")
         if isinstance(phase, (str, os.PathLike)) and normalize_phase_or_none(phase) is None:
-            weights, phase = phase, None   # Net(prototxt, weights) without a phase
+            weights, phase = phase, None  # Net(prototxt, weights) without a phase
         if phase is None:
             raise MinicaffeError("Net needs a phase: caffe.TRAIN or caffe.TEST")
         self.phase = normalize_phase(phase)
@@ -186,7 +191,7 @@ class Net:
         stages = tuple(stages or ()) + tuple(self.param.state.stage)
         level = level or self.param.state.level
         self._build(level, stages)
-        self.backward_hooks = []   # callables(layer_index): "this layer's parameter gradients are ready"
+        self.backward_hooks = []  # callables(layer_index): "this layer's parameter gradients are ready"
         if weights is not None:
             self.copy_from(weights)
 
@@ -195,22 +200,22 @@ class Net:
         layer_params = _input_layer(self.param) + filter_layers(self.param.layer, self.phase, level, stages)
         layer_params = insert_splits(layer_params)
         self.layers, self._layer_names = [], []
-        self.bottom_ids, self.top_ids = [], []      # per layer: indices into self._blob_list
+        self.bottom_ids, self.top_ids = [], []  # per layer: indices into self._blob_list
         self._blob_list, self._blob_names, self._blob_index = [], [], {}
         self.blobs = OrderedDict()
         self.blob_loss_weights = OrderedDict()
-        available = OrderedDict()                   # blob name -> index, produced and not consumed
+        available = OrderedDict()  # blob name -> index, produced and not consumed
         blob_need_backward = []
         self.layer_need_backward, self.bottom_need_backward = [], []
-        self.params_owner = []                      # flat list over (layer, param index)
+        self.params_owner = []  # flat list over (layer, param index)
         self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
-        self._param_by_name = {}        # param { name } -> index into learnable_params
-        self._owner_lr_set = []         # did the owner's prototxt give lr_mult explicitly?
+        self._param_by_name = {}  # param { name } -> index into learnable_params
+        self._owner_lr_set = []  # did the owner's prototxt give lr_mult explicitly?
         self.inputs = []
         self.duplicate_layer_names = []
         seen_names = set()
 
-        for li, lp in enumerate(layer_params):
+        for lp in layer_params:
             if lp.name in seen_names:
                 # Caffe allows it (examples/mnist/mnist_autoencoder.prototxt has two "loss" layers);
                 # by-name lookups (layer_dict, params, weight files) then see the last one, as in pycaffe.
@@ -222,9 +227,12 @@ class Net:
             for b in lp.bottom:
                 if b not in self.blobs:
                     known = list(self.blobs)
-                    raise LayerError(lp.name, lp.type,
-                                     f"bottom blob '{b}' is not produced by any earlier layer."
-                                     + (did_you_mean(b, known, "blobs so far") if known else " No blob exists yet."))
+                    raise LayerError(
+                        lp.name,
+                        lp.type,
+                        f"bottom blob '{b}' is not produced by any earlier layer."
+                        + (did_you_mean(b, known, "blobs so far") if known else " No blob exists yet."),
+                    )
                 idx = self._blob_index[b]
                 bids.append(idx)
                 bottoms.append(self._blob_list[idx])
@@ -234,15 +242,22 @@ class Net:
             if layer.auto_top_blobs and len(top_names) < layer.min_top:
                 top_names += [f"(automatic){lp.name}_{k}" for k in range(len(top_names), layer.min_top)]
             for j, t in enumerate(top_names):
-                if j < len(lp.bottom) and lp.bottom[j] == t:       # in place
+                if j < len(lp.bottom) and lp.bottom[j] == t:  # in place
                     idx = bids[j]
                 elif t in self.blobs:
                     if t in lp.bottom:
-                        raise LayerError(lp.name, lp.type,
-                                         f"top '{t}' is bottom {list(lp.bottom).index(t)} but top {j}: "
-                                         f"in-place computation needs the same position")
-                    raise LayerError(lp.name, lp.type, f"top blob '{t}' is produced by an earlier layer too; "
-                                     f"a blob name may be produced once (or in place)")
+                        raise LayerError(
+                            lp.name,
+                            lp.type,
+                            f"top '{t}' is bottom {list(lp.bottom).index(t)} but top {j}: "
+                            f"in-place computation needs the same position",
+                        )
+                    raise LayerError(
+                        lp.name,
+                        lp.type,
+                        f"top blob '{t}' is produced by an earlier layer too; "
+                        f"a blob name may be produced once (or in place)",
+                    )
                 else:
                     idx = len(self._blob_list)
                     blob = Blob((), dtype=self.dtype, xp=self.xp, name=t)
@@ -260,10 +275,11 @@ class Net:
                 layer.setup(bottoms, tops)
             except MinicaffeError:
                 raise
-            except Exception as exc:       # a layer bug or a shape numpy rejected: name the layer
+            except Exception as exc:  # a layer bug or a shape numpy rejected: name the layer
                 shapes = ", ".join(str(b.shape) for b in bottoms)
-                raise LayerError(lp.name, lp.type, f"setup failed with bottom shapes [{shapes}]: "
-                                 f"{type(exc).__name__}: {exc}") from exc
+                raise LayerError(
+                    lp.name, lp.type, f"setup failed with bottom shapes [{shapes}]: {type(exc).__name__}: {exc}"
+                ) from exc
             for j, w in enumerate(layer.loss_weights):
                 if w != 0:
                     self.blob_loss_weights[top_names[j]] = w
@@ -283,8 +299,9 @@ class Net:
         under_loss = set()
         for li in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[li]
-            contributes = any(w != 0 for w in layer.loss_weights) or \
-                any(self._blob_names[t] in under_loss for t in self.top_ids[li])
+            contributes = any(w != 0 for w in layer.loss_weights) or any(
+                self._blob_names[t] in under_loss for t in self.top_ids[li]
+            )
             if not contributes:
                 self.layer_need_backward[li] = False
             if contributes:
@@ -303,10 +320,12 @@ class Net:
                     self.bottom_need_backward[li][j] = layer.allow_force_backward(j)
         self.outputs = list(available)
         self.layer_dict = OrderedDict(zip(self._layer_names, self.layers))
-        self.top_names = OrderedDict((n, [self._blob_names[i] for i in ids])
-                                     for n, ids in zip(self._layer_names, self.top_ids))
-        self.bottom_names = OrderedDict((n, [self._blob_names[i] for i in ids])
-                                        for n, ids in zip(self._layer_names, self.bottom_ids))
+        self.top_names = OrderedDict(
+            (n, [self._blob_names[i] for i in ids]) for n, ids in zip(self._layer_names, self.top_ids)
+        )
+        self.bottom_names = OrderedDict(
+            (n, [self._blob_names[i] for i in ids]) for n, ids in zip(self._layer_names, self.bottom_ids)
+        )
         self.params = OrderedDict((n, l.blobs) for n, l in zip(self._layer_names, self.layers) if l.blobs)
         self._bottoms = [[self._blob_list[i] for i in ids] for ids in self.bottom_ids]
         self._tops = [[self._blob_list[i] for i in ids] for ids in self.top_ids]
@@ -335,15 +354,23 @@ class Net:
                 owner_blob = self.learnable_params[owner]
                 permissive = spec.share_mode == "PERMISSIVE"
                 if (owner_blob.count != pblob.count) if permissive else (owner_blob.shape != pblob.shape):
-                    raise LayerError(lp.name, lp.type, f"shared parameter '{pname}' has shape {pblob.shape} "
-                                     f"here but {owner_blob.shape} in the layer that owns it")
+                    raise LayerError(
+                        lp.name,
+                        lp.type,
+                        f"shared parameter '{pname}' has shape {pblob.shape} "
+                        f"here but {owner_blob.shape} in the layer that owns it",
+                    )
                 pblob.share_data(owner_blob)
                 pblob.share_diff(owner_blob)
                 self.params_owner.append(owner)
                 if lr_given:
                     if self._owner_lr_set[owner] and self.params_lr[owner] != lr:
-                        raise LayerError(lp.name, lp.type, f"shared parameter '{pname}' has lr_mult {lr} here "
-                                         f"but {self.params_lr[owner]} in the layer that owns it")
+                        raise LayerError(
+                            lp.name,
+                            lp.type,
+                            f"shared parameter '{pname}' has lr_mult {lr} here "
+                            f"but {self.params_lr[owner]} in the layer that owns it",
+                        )
                     self.params_lr[owner], self._owner_lr_set[owner] = lr, True
                 lr = self.params_lr[owner]
             layer.param_propagate_down.append(lr != 0)
@@ -358,8 +385,10 @@ class Net:
         try:
             return self._layer_names.index(name)
         except ValueError:
-            raise NetError(f"{what}: no layer named '{name}' in net '{self.name}'."
-                           + did_you_mean(name, self._layer_names, "layers")) from None
+            raise NetError(
+                f"{what}: no layer named '{name}' in net '{self.name}'."
+                + did_you_mean(name, self._layer_names, "layers")
+            ) from None
 
     def forward_from_to(self, start=0, end=None):
         """Run layers start..end (inclusive); return the summed weighted loss."""
@@ -382,13 +411,16 @@ class Net:
     def _set_inputs(self, arrays, what):
         for name, value in arrays.items():
             if name not in self.blobs:
-                raise NetError(f"{what}: '{name}' is not a blob of net '{self.name}'."
-                               + did_you_mean(name, self.blobs, "blobs"))
+                raise NetError(
+                    f"{what}: '{name}' is not a blob of net '{self.name}'." + did_you_mean(name, self.blobs, "blobs")
+                )
             blob = self.blobs[name]
             value = np.asarray(value) if not hasattr(value, "shape") else value
             if tuple(value.shape) != blob.shape:
-                raise NetError(f"{what}: blob '{name}' has shape {blob.shape} but the array given has shape "
-                               f"{tuple(value.shape)}; call net.blobs['{name}'].reshape(...) and net.reshape() first")
+                raise NetError(
+                    f"{what}: blob '{name}' has shape {blob.shape} but the array given has shape "
+                    f"{tuple(value.shape)}; call net.blobs['{name}'].reshape(...) and net.reshape() first"
+                )
             # a counted host->device copy on a GPU backend (no copy of a device array)
             (blob.data if what == "forward" else blob.diff)[...] = self.backend.from_host(value, blob.dtype)
 
@@ -421,8 +453,9 @@ class Net:
         """pycaffe's set_input_arrays: feed a MemoryData layer (the first one, or ``layer``)."""
         targets = [l for l in self.layers if l.type == "MemoryData" and (layer is None or l.name == layer)]
         if not targets:
-            raise NetError(f"set_input_arrays: net '{self.name}' has no MemoryData layer"
-                           + (f" named '{layer}'" if layer else ""))
+            raise NetError(
+                f"set_input_arrays: net '{self.name}' has no MemoryData layer" + (f" named '{layer}'" if layer else "")
+            )
         targets[0].set_input_arrays(data, labels)
 
     def clear_param_diffs(self):
@@ -440,21 +473,27 @@ class Net:
             if src is None or not layer.blobs:
                 continue
             if len(src.blobs) != len(layer.blobs):
-                raise NetError(f"share_with: layer '{name}' has {len(layer.blobs)} parameter blobs here "
-                               f"but {len(src.blobs)} in the other net")
+                raise NetError(
+                    f"share_with: layer '{name}' has {len(layer.blobs)} parameter blobs here "
+                    f"but {len(src.blobs)} in the other net"
+                )
             for i, (mine, theirs) in enumerate(zip(layer.blobs, src.blobs)):
                 if mine.shape != theirs.shape:
-                    raise NetError(f"share_with: layer '{name}' parameter {i} has shape {mine.shape} "
-                                   f"here but {theirs.shape} in the other net")
+                    raise NetError(
+                        f"share_with: layer '{name}' parameter {i} has shape {mine.shape} "
+                        f"here but {theirs.shape} in the other net"
+                    )
                 mine.share_data(theirs)
 
     # -- weights -------------------------------------------------------------------------------------
     def save(self, path):
         from . import io
+
         io.save_weights(self, path)
 
     def copy_from(self, path):
         from . import io
+
         io.load_weights(self, path)
 
     def __repr__(self):

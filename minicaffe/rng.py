@@ -3,6 +3,7 @@
 ``set_random_seed(s)`` (pycaffe's ``caffe.set_random_seed``) makes nets built afterwards, and
 the dropout masks and shuffles drawn afterwards, reproducible.
 """
+
 import numpy as np
 
 _state = {"rng": np.random.default_rng(), "seed": None}

@@ -1,4 +1,5 @@
 """``python -m minicaffe.test``: see minicaffe/tools/score.py."""
+
 import sys
 
 from .tools.score import main

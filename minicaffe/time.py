@@ -1,4 +1,5 @@
 """``python -m minicaffe.time``: see minicaffe/tools/timing.py."""
+
 import sys
 
 from .tools.timing import main

@@ -1,4 +1,5 @@
 """``python -m minicaffe.train``: see minicaffe/tools/train.py."""
+
 import sys
 
 from .tools.train import main

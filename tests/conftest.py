@@ -5,7 +5,6 @@ import pytest
 
 from minicaffe import backend as _backend
 
-
 # The real-GPU backend ("cuda") is left out here: numba picks its real CUDA target or its
 # simulator once per process, so one pytest process can run "cpu" + "cudasim" (the default) or
 # "cpu" + "cuda", not all three; tests/test_cuda_gpu.py runs the GPU checks in a process of their

@@ -20,6 +20,7 @@ kinks.  The random seed is reset before every forward, so Dropout draws the same
 Besides the numbers it checks Caffe's rules about state: parameter diffs *accumulate* (a second
 backward doubles them) and bottom diffs are *overwritten* (a second backward leaves them equal).
 """
+
 import numpy as np
 
 from minicaffe.rng import set_random_seed
@@ -35,9 +36,21 @@ def _host(layer, a):
     return np.array(layer.backend.to_host(a), dtype=np.float64)
 
 
-def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, check_tops=None,
-                   step=1e-6, tol=1e-6, kink=None, kink_range=-1.0, seed=1701, max_per_blob=None,
-                   unit_top_weights=False):
+def check_gradient(
+    layer,
+    bottom,
+    top,
+    check_bottom=None,
+    check_params=True,
+    check_tops=None,
+    step=1e-6,
+    tol=1e-6,
+    kink=None,
+    kink_range=-1.0,
+    seed=1701,
+    max_per_blob=None,
+    unit_top_weights=False,
+):
     """Check ``layer``'s backward against central differences; raise GradientError naming the
     layer, the blob, the flat index, both values and the tolerance on the first mismatch.
 
@@ -60,8 +73,10 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, che
         layer.forward(bottom, top)
 
     run_forward()
-    weights = {t: (np.ones(top[t].shape) if unit_top_weights else rng.uniform(-1.0, 1.0, size=top[t].shape))
-               for t in check_tops}
+    weights = {
+        t: (np.ones(top[t].shape) if unit_top_weights else rng.uniform(-1.0, 1.0, size=top[t].shape))
+        for t in check_tops
+    }
 
     def objective():
         run_forward()
@@ -74,7 +89,7 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, che
             w = weights.get(i)
             t.diff[...] = xp.asarray(w, dtype=t.dtype) if w is not None else 0
         for b in bottom:
-            b.diff[...] = xp.asarray(np.full(b.shape, np.nan), dtype=b.dtype)   # must be overwritten
+            b.diff[...] = xp.asarray(np.full(b.shape, np.nan), dtype=b.dtype)  # must be overwritten
         layer.backward(top, propagate_down, bottom)
 
     params = list(layer.blobs) if check_params else []
@@ -82,21 +97,28 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, che
         p.diff[...] = 0
     analytic()
     grads = [("bottom", i, bottom[i], _host(layer, bottom[i].diff).copy()) for i in check_bottom]
-    grads += [("param", j, p, _host(layer, p.diff).copy()) for j, p in enumerate(params)
-              if not layer.param_propagate_down or j >= len(layer.param_propagate_down)
-              or layer.param_propagate_down[j]]
+    grads += [
+        ("param", j, p, _host(layer, p.diff).copy())
+        for j, p in enumerate(params)
+        if not layer.param_propagate_down or j >= len(layer.param_propagate_down) or layer.param_propagate_down[j]
+    ]
 
     # -- state rules: bottoms overwritten, parameters accumulated ----------------------------------
     analytic()
     for kind, i, blob, g in grads:
         again = _host(layer, blob.diff)
         want = g if kind == "bottom" else 2 * g
-        rule = "be overwritten (equal after a second backward)" if kind == "bottom" else \
-            "accumulate (double after a second backward)"
+        rule = (
+            "be overwritten (equal after a second backward)"
+            if kind == "bottom"
+            else "accumulate (double after a second backward)"
+        )
         if not np.allclose(again, want, rtol=1e-9, atol=1e-12, equal_nan=False):
             k = int(np.argmax(np.abs(again - want).ravel()))
-            raise GradientError(f"{layer.type} '{layer.name}': {kind} {i} diff should {rule}; at flat "
-                                f"index {k} got {again.ravel()[k]!r}, expected {want.ravel()[k]!r}")
+            raise GradientError(
+                f"{layer.type} '{layer.name}': {kind} {i} diff should {rule}; at flat "
+                f"index {k} got {again.ravel()[k]!r}, expected {want.ravel()[k]!r}"
+            )
 
     # -- numeric ----------------------------------------------------------------------------------
     checked = 0
@@ -105,11 +127,14 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, che
             raise GradientError(f"{layer.type} '{layer.name}': backward left {kind} {i} diff unwritten (NaN)")
         flat = blob.data.reshape(-1)
         n = flat.size
-        indices = range(n) if max_per_blob is None or n <= max_per_blob else \
-            np.unique(np.linspace(0, n - 1, max_per_blob).astype(int))
+        indices = (
+            range(n)
+            if max_per_blob is None or n <= max_per_blob
+            else np.unique(np.linspace(0, n - 1, max_per_blob).astype(int))
+        )
         for k in indices:
             k = int(k)
-            x0 = float(_host(layer, flat[k:k + 1])[0])
+            x0 = float(_host(layer, flat[k : k + 1])[0])
             if kink is not None and abs(x0 - kink) < kink_range:
                 continue
             flat[k] = x0 + step
@@ -125,7 +150,8 @@ def check_gradient(layer, bottom, top, check_bottom=None, check_params=True, che
                 raise GradientError(
                     f"{layer.type} '{layer.name}': {kind} {i} (shape {tuple(blob.shape)}) flat index {k}: "
                     f"analytic {a:.10g} vs numeric {numeric:.10g}, |diff| {abs(a - numeric):.3g} > "
-                    f"tolerance {bound:.3g} (step {step:g})")
+                    f"tolerance {bound:.3g} (step {step:g})"
+                )
             checked += 1
     run_forward()
     return checked

@@ -6,6 +6,7 @@ with or without FMA): |computed - exact| <= n * eps * sum |term_i|.  A test pass
 "magnitude" (the same computation on absolute values, from the float64 reference) and n;
 a bug (a wrong index, a missing term) is off by a whole term, far above that bound.
 """
+
 import numpy as np
 
 DTYPES = (np.float32, np.float64)
@@ -23,8 +24,7 @@ def tiny(dtype):
 def sum_tol(dtype, n_terms, magnitude, extra_roundings=2):
     """Error bound of a dtype sum of ``n_terms`` terms whose absolute values add to
     ``magnitude`` (array or scalar), plus ``extra_roundings`` roundings of the result."""
-    return (n_terms + extra_roundings) * eps(dtype) * np.asarray(magnitude, dtype=np.float64) \
-        + 2 * tiny(dtype)
+    return (n_terms + extra_roundings) * eps(dtype) * np.asarray(magnitude, dtype=np.float64) + 2 * tiny(dtype)
 
 
 def _where(shape_desc):
@@ -51,7 +51,8 @@ def assert_close(actual, expected, tol, *, kernel, version, shape="", note=""):
             f"{head}: {int(bad.sum())} of {bad.size} elements off; first at index {first}: "
             f"got {a[first]!r}, expected {expected[first]!r}, |diff| {diff[first]:.3g} > "
             f"tol {tol[first]:.3g}; worst at {worst}: got {a[worst]!r}, expected "
-            f"{expected[worst]!r}{(' -- ' + note) if note else ''}")
+            f"{expected[worst]!r}{(' -- ' + note) if note else ''}"
+        )
 
 
 def assert_equal(actual, expected, *, kernel, version, shape="", note=""):
@@ -61,14 +62,18 @@ def assert_equal(actual, expected, *, kernel, version, shape="", note=""):
     head = f"{kernel}[{version}] dtype={actual.dtype}{_where(shape)}"
     if actual.shape != expected.shape:
         raise AssertionError(f"{head}: output shape {actual.shape}, expected {expected.shape}")
-    bad = ~((actual == expected) | (np.isnan(actual) & np.isnan(expected))
-            if actual.dtype.kind == "f" else (actual == expected))
+    bad = ~(
+        (actual == expected) | (np.isnan(actual) & np.isnan(expected))
+        if actual.dtype.kind == "f"
+        else (actual == expected)
+    )
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise AssertionError(
             f"{head}: {int(bad.sum())} of {bad.size} elements differ (exact match required); "
             f"first at index {first}: got {actual[first]!r}, expected {expected[first]!r}"
-            f"{(' -- ' + note) if note else ''}")
+            f"{(' -- ' + note) if note else ''}"
+        )
 
 
 def versions(module, fn):

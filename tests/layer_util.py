@@ -1,4 +1,5 @@
 """Helpers for the layer tests: build a layer from prototxt text, make blobs, run it."""
+
 import numpy as np
 
 from minicaffe.blob import Blob

@@ -5,6 +5,7 @@ layers, and the transfer counter that shows a training step makes no hidden host
 The GPU backend checked is the one this process can have: ``cudasim`` in the default test run,
 ``cuda`` (marked gpu) in a process started with NUMBA_ENABLE_CUDASIM=0 on a machine with a GPU.
 """
+
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ def gpu(request):
     be = _backend.get(request.param)
     yield be
     import kernels.cuda as kc
+
     kc.use("gemm", "default")
 
 
@@ -36,8 +38,9 @@ def run_python(code, **env):
     e = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     e.update(env)
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=e, cwd=ROOT, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e, cwd=ROOT, timeout=300
+    )
 
 
 # -- selection ---------------------------------------------------------------------------------------------
@@ -58,7 +61,7 @@ def test_set_mode_gpu_picks_the_simulator_under_numba_enable_cudasim_and_explain
         pytest.skip("a GPU is usable here: the no-GPU message cannot be shown")
     out = real.stdout
     assert out.startswith("ERROR the cuda backend cannot be used"), out + real.stderr
-    assert "NUMBA_ENABLE_CUDASIM=1" in out                    # the way to run without a GPU
+    assert "NUMBA_ENABLE_CUDASIM=1" in out  # the way to run without a GPU
     assert ('pip install -e ".[cuda]"' in out) or ("no usable NVIDIA GPU" in out) or ("no NVIDIA GPU" in out)
 
 
@@ -78,10 +81,13 @@ def test_one_process_cannot_have_both_gpu_backends(gpu):
 
 
 def test_explicit_numba_enable_cudasim_0_refuses_the_simulator():
-    out = run_python("""
+    out = run_python(
+        """
         from minicaffe import backend
         print("WHY", backend.why_not("cudasim"))
-    """, NUMBA_ENABLE_CUDASIM="0")
+    """,
+        NUMBA_ENABLE_CUDASIM="0",
+    )
     assert "WHY NUMBA_ENABLE_CUDASIM=0 is set" in out.stdout, out.stdout + out.stderr
 
 
@@ -93,8 +99,10 @@ def lenet_text(batch):
         text = f.read()
     text = text.replace("dim: 64", f"dim: {batch}")
     head, _, _ = text.rpartition('layer { name: "prob"')
-    return head + (f'layer {{ name: "label" type: "Input" top: "label" input_param {{ shape {{ dim: {batch} }} }} }}\n'
-                   'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }\n')
+    return head + (
+        f'layer {{ name: "label" type: "Input" top: "label" input_param {{ shape {{ dim: {batch} }} }} }}\n'
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }\n'
+    )
 
 
 def twin_nets(text, gpu, dtype=np.float32, seed=0, classes=10):
@@ -119,19 +127,23 @@ def twin_nets(text, gpu, dtype=np.float32, seed=0, classes=10):
 
 def compare(a, b, gpu, what, rtol):
     for name in a.blobs:
-        for field in (("data", "diff") if what == "all" else (what,)):
+        for field in ("data", "diff") if what == "all" else (what,):
             x = np.asarray(getattr(a.blobs[name], field), np.float64)
             y = np.asarray(gpu.to_host(getattr(b.blobs[name], field)), np.float64)
             scale = max(np.abs(x).max(initial=0), 1e-3)
             err = np.abs(x - y).max(initial=0)
-            assert err <= rtol * scale, f"blob '{name}'.{field}: max |cpu - {gpu.name}| = {err:.3g} > {rtol}*{scale:.3g}"
+            assert err <= rtol * scale, (
+                f"blob '{name}'.{field}: max |cpu - {gpu.name}| = {err:.3g} > {rtol}*{scale:.3g}"
+            )
     for name in a.params:
         for i, (pa, pb) in enumerate(zip(a.params[name], b.params[name])):
             x = np.asarray(pa.diff, np.float64)
             y = np.asarray(gpu.to_host(pb.diff), np.float64)
             scale = max(np.abs(x).max(initial=0), 1e-3)
             err = np.abs(x - y).max(initial=0)
-            assert err <= rtol * scale, f"param {name}[{i}].diff: max |cpu - {gpu.name}| = {err:.3g} > {rtol}*{scale:.3g}"
+            assert err <= rtol * scale, (
+                f"param {name}[{i}].diff: max |cpu - {gpu.name}| = {err:.3g} > {rtol}*{scale:.3g}"
+            )
 
 
 def test_lenet_forward_backward_matches_cpu(gpu):
@@ -165,6 +177,7 @@ def test_every_hand_written_gemm_inside_layers(gpu, version):
     """Convolution and InnerProduct forward and backward (all four transpose combinations occur)
     with each hand-written GEMM, plus average pooling, sigmoid and tanh, against the CPU."""
     import kernels.cuda as kc
+
     kc.use("gemm", version)
     a, b = twin_nets(SMALL_NET, gpu, dtype=np.float64, classes=5)
     la, lb = a.forward_backward(), b.forward_backward()
@@ -204,8 +217,8 @@ def test_to_host_and_from_host_copy_and_count(gpu):
     gpu.transfers.reset()
     h = np.arange(6, dtype=np.float32)
     d = gpu.from_host(h, np.float32)
-    h[0] = 99                                  # the device copy does not follow the host array
+    h[0] = 99  # the device copy does not follow the host array
     back = gpu.to_host(d)
-    back[1] = -1                               # nor does the device follow a host copy
+    back[1] = -1  # nor does the device follow a host copy
     assert gpu.to_host(d).tolist() == [0, 1, 2, 3, 4, 5]
     assert gpu.transfers.snapshot() == {"d2h": 2, "h2d": 1, "d2h_bytes": 48, "h2d_bytes": 24}

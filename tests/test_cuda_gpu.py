@@ -4,6 +4,7 @@ numba fixes its CUDA target (real or simulator) once per process and the default
 the simulator, so the real-GPU runs happen in fresh processes started with
 NUMBA_ENABLE_CUDASIM=0.  They are marked ``gpu`` and skip, saying why, where no GPU is usable.
 """
+
 import os
 import subprocess
 import sys
@@ -22,8 +23,14 @@ def _env(**extra):
 
 def _why_no_gpu():
     """Asked in a fresh process: this one may already have numba's simulator loaded."""
-    r = subprocess.run([sys.executable, "-c", "from minicaffe.backend import _gpu; print(_gpu.why_not('cuda'))"],
-                       capture_output=True, text=True, env=_env(NUMBA_ENABLE_CUDASIM="0"), cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "from minicaffe.backend import _gpu; print(_gpu.why_not('cuda'))"],
+        capture_output=True,
+        text=True,
+        env=_env(NUMBA_ENABLE_CUDASIM="0"),
+        cwd=ROOT,
+        timeout=120,
+    )
     out = r.stdout.strip()
     return None if out == "None" else (out or r.stderr.strip()[-300:])
 
@@ -32,8 +39,9 @@ def test_gpu_benchmark_says_why_and_exits_0_without_a_gpu():
     reason = _why_no_gpu()
     if reason is None:
         pytest.skip("a GPU is usable here: the benchmark runs for real (test_gpu_benchmark_runs)")
-    r = subprocess.run([sys.executable, "-m", "kernels.cuda.bench"], capture_output=True, text=True,
-                       env=_env(), cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "kernels.cuda.bench"], capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("kernels.cuda.bench: no GPU benchmark here --"), r.stdout
     assert "simulator proves correctness, not speed" in r.stdout
@@ -45,9 +53,25 @@ def test_gpu_kernel_and_backend_suites_on_the_device():
     reason = _why_no_gpu()
     if reason:
         pytest.skip(f"no GPU: {reason}")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda and not cudasim",
-                        "tests/test_cuda_kernels.py", "tests/test_cuda_backend.py"],
-                       capture_output=True, text=True, env=_env(NUMBA_ENABLE_CUDASIM="0"), cwd=ROOT, timeout=1800)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "cuda and not cudasim",
+            "tests/test_cuda_kernels.py",
+            "tests/test_cuda_backend.py",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(NUMBA_ENABLE_CUDASIM="0"),
+        cwd=ROOT,
+        timeout=1800,
+    )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
 
 
@@ -56,7 +80,13 @@ def test_gpu_benchmark_runs():
     reason = _why_no_gpu()
     if reason:
         pytest.skip(f"no GPU: {reason}")
-    r = subprocess.run([sys.executable, "-m", "kernels.cuda.bench", "--size", "512", "--repeat", "3"],
-                       capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=1800)
+    r = subprocess.run(
+        [sys.executable, "-m", "kernels.cuda.bench", "--size", "512", "--repeat", "3"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        timeout=1800,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "of cuBLAS" in r.stdout and "of copy" in r.stdout

@@ -5,12 +5,13 @@ Runs on the GPU target this process has: numba's simulator (the default test run
 or, in a process started with NUMBA_ENABLE_CUDASIM=0 on a machine with a GPU, the real device
 (CuPy arrays; those cases are marked ``gpu``).  The kernels are the same either way.
 """
+
 import math
 
 import numpy as np
 import pytest
-
 from kernel_check import assert_close, assert_equal, eps, sum_tol
+
 from minicaffe import backend as _backend
 
 
@@ -19,15 +20,17 @@ def L(request):
     reason = _backend.why_not(request.param)
     if reason is not None:
         pytest.skip(f"{request.param}: {reason}")
-    _backend.get(request.param)             # selects numba's target (the simulator for cudasim)
+    _backend.get(request.param)  # selects numba's target (the simulator for cudasim)
     from kernels.cuda import _launch
-    if request.param == "cudasim":     # more threads per launch than the engine's simulator config
+
+    if request.param == "cudasim":  # more threads per launch than the engine's simulator config
         launcher = _launch.Launcher(simulator=True, config=_launch.SIM_WIDE_CONFIG)
     else:
         launcher = _launch.launcher(simulator=False)
     yield launcher
     for fam in ("gemm", "im2col", "pooling", "softmax", "elementwise", "sgd"):
         import kernels.cuda as kc
+
         kc.use(fam, "default")
 
 
@@ -49,9 +52,10 @@ GEMM_SHAPES = [(1, 1, 1), (5, 7, 9), (9, 3, 17), (13, 11, 6)]
 def test_gemm_versions(L, version, dtype):
     from kernels.cuda import gemm
     from kernels.gemm import gemm_reference
+
     rng = np.random.default_rng(7)
     f = gemm.VERSIONS["gemm"][version]
-    for (M, K, N) in GEMM_SHAPES:
+    for M, K, N in GEMM_SHAPES:
         for ta in (False, True):
             for tb in (False, True):
                 for alpha, beta in ((1.0, 0.0), (0.5, 0.25)):
@@ -59,13 +63,19 @@ def test_gemm_versions(L, version, dtype):
                     b = rng.standard_normal((N, K) if tb else (K, N)).astype(dtype)
                     c0 = rng.standard_normal((M, N)).astype(dtype)
                     if beta == 0:
-                        c0[...] = np.nan                        # must not be read
+                        c0[...] = np.nan  # must not be read
                     ref = gemm_reference(ta, tb, alpha, a, b, beta, c0)
                     mag = gemm_reference(ta, tb, abs(alpha), np.abs(a), np.abs(b), abs(beta), np.abs(np.nan_to_num(c0)))
                     c = dev(L, c0)
                     f(L, ta, tb, alpha, dev(L, a), dev(L, b), beta, c)
-                    assert_close(host(L, c), ref, sum_tol(dtype, K + 1, mag), kernel="gemm", version=version,
-                                 shape=f"M,K,N={M, K, N} trans={ta, tb} alpha,beta={alpha, beta}")
+                    assert_close(
+                        host(L, c),
+                        ref,
+                        sum_tol(dtype, K + 1, mag),
+                        kernel="gemm",
+                        version=version,
+                        shape=f"M,K,N={M, K, N} trans={ta, tb} alpha,beta={alpha, beta}",
+                    )
 
 
 def test_gemm_gpu_tile_sizes_in_simulator(L):
@@ -75,6 +85,7 @@ def test_gemm_gpu_tile_sizes_in_simulator(L):
         pytest.skip("the GPU runs these sizes in test_gemm_versions already")
     from kernels.cuda import _launch, gemm
     from kernels.gemm import gemm_reference
+
     rng = np.random.default_rng(3)
     a = rng.standard_normal((18, 5)).astype(np.float32)
     b = rng.standard_normal((5, 17)).astype(np.float32)
@@ -85,17 +96,19 @@ def test_gemm_gpu_tile_sizes_in_simulator(L):
         assert_close(c, ref, sum_tol(np.float32, 6, np.abs(a) @ np.abs(b)), kernel="gemm", version=f"tiled{T}")
     BM, BN, BK, TM, TN = _launch.GPU_CONFIG.regblock
     c = np.zeros((18, 17), np.float32)
-    L.launch(gemm.make_regblock(BM, BN, BK, TM, TN), (1, 1), (BN // TN, BM // TM), np.float32(1), a, b,
-             np.float32(0), c)
+    L.launch(
+        gemm.make_regblock(BM, BN, BK, TM, TN), (1, 1), (BN // TN, BM // TM), np.float32(1), a, b, np.float32(0), c
+    )
     assert_close(c, ref, sum_tol(np.float32, 6, np.abs(a) @ np.abs(b)), kernel="gemm", version="regblock64")
 
 
 def test_gemm_aliasing_and_shape_errors(L):
     from kernels.cuda import gemm
+
     a = np.arange(12, dtype=np.float64).reshape(3, 4)
     for version, f in gemm.VERSIONS["gemm"].items():
         c = dev(L, np.eye(3))
-        f(L, False, False, 1.0, c, c, 0.0, c)               # c = c @ c with c aliased
+        f(L, False, False, 1.0, c, c, 0.0, c)  # c = c @ c with c aliased
         assert_equal(host(L, c), np.eye(3), kernel="gemm", version=version)
         with pytest.raises(ValueError, match="does not fit"):
             f(L, False, False, 1.0, dev(L, a), dev(L, a), 0.0, dev(L, np.zeros((3, 4))))
@@ -116,6 +129,7 @@ IM2COL_CASES = [
 def test_im2col_col2im_versions(L, version, dtype):
     from kernels.cuda import im2col as K
     from kernels.im2col import col2im_reference, im2col_reference
+
     rng = np.random.default_rng(11)
     for shape, geo in IM2COL_CASES:
         x = rng.standard_normal(shape).astype(dtype)
@@ -129,12 +143,14 @@ def test_im2col_col2im_versions(L, version, dtype):
         K.VERSIONS["col2im"][version](L, dev(L, c), *geo, xo)
         taps = geo[0] * geo[1]
         mag = col2im_reference(np.abs(c), *geo, shape)
-        assert_close(host(L, xo), xr, sum_tol(dtype, taps, mag), kernel="col2im", version=version,
-                     shape=f"{shape} {geo}")
+        assert_close(
+            host(L, xo), xr, sum_tol(dtype, taps, mag), kernel="col2im", version=version, shape=f"{shape} {geo}"
+        )
 
 
 def test_im2col_wrong_col_shape_is_a_value_error(L):
     from kernels.cuda import im2col as K
+
     x = dev(L, np.zeros((1, 1, 4, 4)))
     with pytest.raises(ValueError, match="col must have shape"):
         K.im2col(L, x, 3, 3, 0, 0, 1, 1, 1, 1, dev(L, np.zeros((9, 5))))
@@ -148,15 +164,24 @@ def pooled(size, k, s, p):
     return out
 
 
-POOL_CASES = [((2, 3, 7, 6), (3, 3, 2, 2, 1, 1)), ((1, 2, 4, 4), (2, 2, 2, 2, 0, 0)),
-              ((2, 1, 5, 7), (3, 2, 1, 2, 0, 1)), ((1, 1, 6, 6), (3, 3, 3, 3, 0, 0))]
+POOL_CASES = [
+    ((2, 3, 7, 6), (3, 3, 2, 2, 1, 1)),
+    ((1, 2, 4, 4), (2, 2, 2, 2, 0, 0)),
+    ((2, 1, 5, 7), (3, 2, 1, 2, 0, 1)),
+    ((1, 1, 6, 6), (3, 3, 3, 3, 0, 0)),
+]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_pooling_versions(L, dtype):
     from kernels.cuda import pooling as K
-    from kernels.pooling import (ave_pool_bwd_reference, ave_pool_fwd_reference, max_pool_bwd_reference,
-                                 max_pool_fwd_reference)
+    from kernels.pooling import (
+        ave_pool_bwd_reference,
+        ave_pool_fwd_reference,
+        max_pool_bwd_reference,
+        max_pool_fwd_reference,
+    )
+
     rng = np.random.default_rng(5)
     for shape, (kh, kw, sh, sw, ph, pw) in POOL_CASES:
         N, C, H, W = shape
@@ -174,21 +199,34 @@ def test_pooling_versions(L, dtype):
         for v, f in K.VERSIONS["max_pool_bwd"].items():
             dx = dev(L, np.full(shape, np.nan, dtype))
             f(L, dev(L, dy), dev(L, mr), dx)
-            assert_close(host(L, dx), dxr, sum_tol(dtype, kh * kw, max_pool_bwd_reference(np.abs(dy), mr, shape)),
-                         kernel="max_pool_bwd", version=v, shape=where)
+            assert_close(
+                host(L, dx),
+                dxr,
+                sum_tol(dtype, kh * kw, max_pool_bwd_reference(np.abs(dy), mr, shape)),
+                kernel="max_pool_bwd",
+                version=v,
+                shape=where,
+            )
         ar = ave_pool_fwd_reference(x, kh, kw, sh, sw, ph, pw, PH, PW)
         for v, f in K.VERSIONS["ave_pool_fwd"].items():
             y = dev(L, np.zeros((N, C, PH, PW), dtype))
             f(L, dev(L, x), kh, kw, sh, sw, ph, pw, y)
-            assert_close(host(L, y), ar, sum_tol(dtype, kh * kw + 1, np.ones_like(ar)), kernel="ave_pool_fwd",
-                         version=v, shape=where)
+            assert_close(
+                host(L, y),
+                ar,
+                sum_tol(dtype, kh * kw + 1, np.ones_like(ar)),
+                kernel="ave_pool_fwd",
+                version=v,
+                shape=where,
+            )
         br = ave_pool_bwd_reference(dy, kh, kw, sh, sw, ph, pw, shape)
         bm = ave_pool_bwd_reference(np.abs(dy), kh, kw, sh, sw, ph, pw, shape)
         for v, f in K.VERSIONS["ave_pool_bwd"].items():
             dx = dev(L, np.full(shape, np.nan, dtype))
             f(L, dev(L, dy), kh, kw, sh, sw, ph, pw, dx)
-            assert_close(host(L, dx), br, sum_tol(dtype, kh * kw + 1, bm), kernel="ave_pool_bwd", version=v,
-                         shape=where)
+            assert_close(
+                host(L, dx), br, sum_tol(dtype, kh * kw + 1, bm), kernel="ave_pool_bwd", version=v, shape=where
+            )
 
 
 # -- softmax ---------------------------------------------------------------------------------------------------
@@ -205,35 +243,44 @@ def _exp_tol(dtype, ref, C):
 def test_softmax_versions(L, version, dtype):
     from kernels.cuda import softmax as K
     from kernels.softmax import softmax_bwd_reference, softmax_fwd_reference
+
     rng = np.random.default_rng(2)
     for shape in SOFTMAX_SHAPES:
         x = (rng.standard_normal(shape) * 4).astype(dtype)
         ref = softmax_fwd_reference(x)
         y = dev(L, np.full(shape, np.nan, dtype))
         K.VERSIONS["softmax_fwd"][version](L, dev(L, x), y)
-        assert_close(host(L, y), ref, _exp_tol(dtype, ref, shape[1]), kernel="softmax_fwd", version=version,
-                     shape=str(shape))
+        assert_close(
+            host(L, y), ref, _exp_tol(dtype, ref, shape[1]), kernel="softmax_fwd", version=version, shape=str(shape)
+        )
         yy = ref.astype(dtype)
         dy = rng.standard_normal(shape).astype(dtype)
         dref = softmax_bwd_reference(yy, dy)
         mag = np.abs(yy) * (np.abs(dy) + (np.abs(dy) * np.abs(yy)).sum(axis=1, keepdims=True))
         dx = dev(L, np.full(shape, np.nan, dtype))
         K.VERSIONS["softmax_bwd"][version](L, dev(L, yy), dev(L, dy), dx)
-        assert_close(host(L, dx), dref, sum_tol(dtype, shape[1] + 2, mag), kernel="softmax_bwd", version=version,
-                     shape=str(shape))
+        assert_close(
+            host(L, dx),
+            dref,
+            sum_tol(dtype, shape[1] + 2, mag),
+            kernel="softmax_bwd",
+            version=version,
+            shape=str(shape),
+        )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_softmax_loss_and_fused_xent(L, dtype):
     from kernels.cuda import softmax as K
     from kernels.softmax import softmax_fwd_reference, softmax_loss_bwd_reference, softmax_loss_fwd_reference
+
     rng = np.random.default_rng(9)
     for shape in SOFTMAX_SHAPES[:3]:
         outer, C, inner = shape
         x = (rng.standard_normal(shape) * 3).astype(dtype)
         prob = softmax_fwd_reference(x).astype(dtype)
         label = rng.integers(0, C, (outer, inner)).astype(dtype)
-        label.flat[0] = 255                                    # the ignore label
+        label.flat[0] = 255  # the ignore label
         for has_ignore in (True,):
             ref_loss, ref_count = softmax_loss_fwd_reference(prob, label, 255, has_ignore)
             loss, count = K.softmax_loss_fwd(L, dev(L, prob), dev(L, label), 255, has_ignore)
@@ -247,12 +294,14 @@ def test_softmax_loss_and_fused_xent(L, dtype):
             dref = softmax_loss_bwd_reference(prob, label, 255, has_ignore, 0.7)
             dx = dev(L, np.full(shape, np.nan, dtype))
             K.softmax_loss_bwd(L, dev(L, prob), dev(L, label), 255, has_ignore, 0.7, dx)
-            assert_close(host(L, dx), dref, 4 * eps(dtype) * (np.abs(dref) + 1), kernel="softmax_loss_bwd",
-                         version="v1")
+            assert_close(
+                host(L, dx), dref, 4 * eps(dtype) * (np.abs(dref) + 1), kernel="softmax_loss_bwd", version="v1"
+            )
 
 
 def test_softmax_loss_bad_label_names_its_position(L):
     from kernels.cuda import softmax as K
+
     prob = dev(L, np.full((2, 3, 2), 1 / 3))
     label = np.zeros((2, 2))
     label[1, 0] = 3
@@ -261,7 +310,7 @@ def test_softmax_loss_bad_label_names_its_position(L):
     with pytest.raises(ValueError, match="outside"):
         K.softmax_xent_fwd(L, prob, dev(L, label), -1, False, dev(L, np.zeros((2, 3, 2))))
     dx = dev(L, np.zeros((2, 3, 2)))
-    K.softmax_loss_bwd(L, prob, dev(L, label), -1, False, 1.0, dx)     # no sync: NaN marks the row
+    K.softmax_loss_bwd(L, prob, dev(L, label), -1, False, 1.0, dx)  # no sync: NaN marks the row
     d = host(L, dx)
     assert np.isnan(d[1, :, 0]).all() and not np.isnan(np.delete(d.reshape(2, 3, 2)[1], 0, axis=1)).any()
 
@@ -272,18 +321,21 @@ def test_softmax_loss_bad_label_names_its_position(L):
 def test_elementwise_versions(L, version, dtype):
     from kernels.cuda import elementwise as K
     from kernels.elementwise import REFERENCES as R
+
     rng = np.random.default_rng(4)
     for n in (1, 7, 61):
         x = rng.uniform(-3, 3, n).astype(dtype)
         dy = rng.standard_normal(n).astype(dtype)
         y_sig = R["sigmoid_fwd"](x).astype(dtype)
         y_tanh = R["tanh_fwd"](x).astype(dtype)
-        cases = [("relu_fwd", (x, 0.1), R["relu_fwd"](x, 0.1)),
-                 ("relu_bwd", (x, dy, 0.1), R["relu_bwd"](x, dy, 0.1)),
-                 ("sigmoid_fwd", (x,), R["sigmoid_fwd"](x)),
-                 ("sigmoid_bwd", (y_sig, dy), R["sigmoid_bwd"](y_sig, dy)),
-                 ("tanh_fwd", (x,), R["tanh_fwd"](x)),
-                 ("tanh_bwd", (y_tanh, dy), R["tanh_bwd"](y_tanh, dy))]
+        cases = [
+            ("relu_fwd", (x, 0.1), R["relu_fwd"](x, 0.1)),
+            ("relu_bwd", (x, dy, 0.1), R["relu_bwd"](x, dy, 0.1)),
+            ("sigmoid_fwd", (x,), R["sigmoid_fwd"](x)),
+            ("sigmoid_bwd", (y_sig, dy), R["sigmoid_bwd"](y_sig, dy)),
+            ("tanh_fwd", (x,), R["tanh_fwd"](x)),
+            ("tanh_bwd", (y_tanh, dy), R["tanh_bwd"](y_tanh, dy)),
+        ]
         for fn, args, ref in cases:
             out = dev(L, np.full(n, np.nan, dtype))
             K.VERSIONS[fn][version](L, *[dev(L, a) if isinstance(a, np.ndarray) else a for a in args], out)
@@ -293,13 +345,15 @@ def test_elementwise_versions(L, version, dtype):
         # in place: y is x
         xx = dev(L, x)
         K.VERSIONS["relu_fwd"][version](L, xx, 0.1, xx)
-        assert_close(host(L, xx), R["relu_fwd"](x, 0.1), 2 * eps(dtype) * np.abs(x), kernel="relu_fwd in place",
-                     version=version)
+        assert_close(
+            host(L, xx), R["relu_fwd"](x, 0.1), 2 * eps(dtype) * np.abs(x), kernel="relu_fwd in place", version=version
+        )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sgd_update_and_fused_step(L, dtype):
     from kernels.cuda import sgd
+
     rng = np.random.default_rng(1)
     w, g, h = (rng.standard_normal(29).astype(dtype) for _ in range(3))
     gr, hr = sgd.sgd_update_reference(g, h, 0.9, 0.01)
@@ -318,6 +372,7 @@ def test_sgd_update_and_fused_step(L, dtype):
 # -- the version switch ------------------------------------------------------------------------------------------
 def test_versions_tables_and_switch(L):
     import kernels.cuda as kc
+
     for fam in kc.FAMILIES:
         mod = kc.family(fam)
         assert set(mod.DEFAULTS) == set(mod.VERSIONS)

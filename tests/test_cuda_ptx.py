@@ -10,6 +10,7 @@ instructions), while v1_naive's Python float constants widen it to float64.  Whe
 installed the PTX is also assembled for sm_80 (registers, spills, shared memory are printed).
 Skips, saying why, where no NVVM is found.
 """
+
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, os, re, subprocess, shutil, sys, tempfile
 from numba import cuda, types as T
 from kernels.cuda import elementwise as ew, gemm, im2col, pooling, softmax, sgd, _launch
@@ -98,13 +99,18 @@ for name, (kernel, sig) in K.items():
             rec["ptxas"] = " ".join((r.stdout + r.stderr).split())[-300:]
     out[name] = rec
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 
 def _nvvm_reason():
     try:
-        out = subprocess.run([sys.executable, "-c", "from numba.cuda.cudadrv import nvvm; nvvm.NVVM()"],
-                             capture_output=True, text=True, env=_env(), timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", "from numba.cuda.cudadrv import nvvm; nvvm.NVVM()"],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
     except subprocess.TimeoutExpired:
         return "probing NVVM timed out"
     if out.returncode != 0:
@@ -124,12 +130,19 @@ def compiled():
     reason = _nvvm_reason()
     if reason:
         pytest.skip(reason)
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT)], capture_output=True, text=True,
-                       env=_env(), cwd=ROOT, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        timeout=900,
+    )
     assert r.returncode == 0, f"compiling the GPU kernels to PTX failed:\n{r.stderr[-4000:]}"
     import json
+
     line = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_every_kernel_compiles_to_ptx(compiled):
@@ -144,10 +157,18 @@ def test_every_kernel_compiles_to_ptx(compiled):
 def test_float32_kernels_stay_in_float32(compiled):
     if any("error" in v for v in compiled.values()):
         pytest.skip("some kernels did not compile (test_every_kernel_compiles_to_ptx says which)")
-    for name in ("gemm.v2_tiled", "gemm.v3_regblock", "gemm.v1_naive", "elementwise.relu_bwd.v2",
-                 "elementwise.sigmoid_bwd.v2", "elementwise.tanh_bwd.v2", "sgd.update", "sgd.step"):
+    for name in (
+        "gemm.v2_tiled",
+        "gemm.v3_regblock",
+        "gemm.v1_naive",
+        "elementwise.relu_bwd.v2",
+        "elementwise.sigmoid_bwd.v2",
+        "elementwise.tanh_bwd.v2",
+        "sgd.update",
+        "sgd.step",
+    ):
         assert compiled[name]["f64_ops"] == 0, (name, compiled[name])
-    assert compiled["gemm.v3_regblock"]["f32_fma"] >= 16        # the unrolled TM x TN outer product
+    assert compiled["gemm.v3_regblock"]["f32_fma"] >= 16  # the unrolled TM x TN outer product
     # v1_naive's Python float constants widen float32 math to float64 (its docstring says so)
     assert compiled["elementwise.relu_bwd.v1"]["f64_ops"] > 0
     assert compiled["elementwise.tanh_bwd.v1"]["f64_ops"] > 0

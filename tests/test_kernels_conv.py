@@ -1,9 +1,11 @@
 """Convolution forward as a whole: every version (direct loops, im2col + BLAS, im2col + the
 hand-written GEMM) against the float64 reference on random geometry, both dtypes."""
-import numpy as np
-from hypothesis import given, settings, strategies as st
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_check import DTYPES, assert_close, sum_tol, versions
+
 from kernels import conv as K
 
 SETTINGS = settings(max_examples=20, deadline=None)
@@ -22,7 +24,7 @@ def geometry(draw):
 
 
 @SETTINGS
-@given(geometry(), st.integers(0, 2 ** 32 - 1))
+@given(geometry(), st.integers(0, 2**32 - 1))
 def test_every_version(geo, seed):
     xs, ws, g, has_bias = geo
     rng = np.random.default_rng(seed)
@@ -36,5 +38,11 @@ def test_every_version(geo, seed):
         for ver, fn in versions(K, "conv_fwd"):
             y = np.full(ref.shape, np.nan, dtype)
             fn(x, w, b, *g, y)
-            assert_close(y, ref, sum_tol(dtype, n_terms, mag), kernel="conv_fwd", version=ver,
-                         shape=f"x{xs} w{ws} p,s,d={g} bias={has_bias}")
+            assert_close(
+                y,
+                ref,
+                sum_tol(dtype, n_terms, mag),
+                kernel="conv_fwd",
+                version=ver,
+                shape=f"x{xs} w{ws} p,s,d={g} bias={has_bias}",
+            )

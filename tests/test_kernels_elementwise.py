@@ -1,10 +1,12 @@
 """Elementwise activations: every version against the float64 reference, both dtypes, odd
 sizes (and sizes that cross the prange chunk), in place (y is x), and the ReLU kink at 0."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_check import DTYPES, assert_close, eps, tiny, versions
+
 from kernels import elementwise as K
 
 SETTINGS = settings(max_examples=20, deadline=None)
@@ -12,8 +14,7 @@ sizes = st.sampled_from([0, 1, 2, 7, 31, 1000, 16384 + 3])
 
 
 # which input the output may alias when run in place: y is x, dx is dy
-INPLACE = {"relu_fwd": 0, "relu_bwd": 1, "sigmoid_fwd": 0, "sigmoid_bwd": 1, "tanh_fwd": 0,
-           "tanh_bwd": 1}
+INPLACE = {"relu_fwd": 0, "relu_bwd": 1, "sigmoid_fwd": 0, "sigmoid_bwd": 1, "tanh_fwd": 0, "tanh_bwd": 1}
 
 
 def _cases(x, dy, slope):
@@ -25,21 +26,19 @@ def _cases(x, dy, slope):
         ("relu_fwd", (x, slope), K.relu_fwd_reference(x, slope), X, 1),
         ("relu_bwd", (x, dy, slope), K.relu_bwd_reference(x, dy, slope), D, 1),
         ("sigmoid_fwd", (x,), K.sigmoid_fwd_reference(x), np.abs(K.sigmoid_fwd_reference(x)), 6),
-        ("sigmoid_bwd", (y_sig, dy), K.sigmoid_bwd_reference(y_sig, dy),
-         D * np.abs(y_sig) * (1 + np.abs(y_sig)), 3),
+        ("sigmoid_bwd", (y_sig, dy), K.sigmoid_bwd_reference(y_sig, dy), D * np.abs(y_sig) * (1 + np.abs(y_sig)), 3),
         ("tanh_fwd", (x,), K.tanh_fwd_reference(x), np.abs(K.tanh_fwd_reference(x)), 6),
-        ("tanh_bwd", (y_tanh, dy), K.tanh_bwd_reference(y_tanh, dy), D * (1 + y_tanh ** 2), 3),
+        ("tanh_bwd", (y_tanh, dy), K.tanh_bwd_reference(y_tanh, dy), D * (1 + y_tanh**2), 3),
     ]
 
 
 @SETTINGS
-@given(sizes, st.sampled_from([0.0, 0.1, -0.5]), st.sampled_from([1.0, 30.0]),
-       st.integers(0, 2 ** 32 - 1))
+@given(sizes, st.sampled_from([0.0, 0.1, -0.5]), st.sampled_from([1.0, 30.0]), st.integers(0, 2**32 - 1))
 def test_every_version(n, slope, scale, seed):
     rng = np.random.default_rng(seed)
     x64 = rng.standard_normal(n) * scale
     if n > 2:
-        x64[:2] = 0.0                                          # the kink: Caffe's x <= 0 side
+        x64[:2] = 0.0  # the kink: Caffe's x <= 0 side
     dy64 = rng.standard_normal(n)
     for dtype in DTYPES:
         x, dy = x64.astype(dtype), dy64.astype(dtype)
@@ -53,8 +52,7 @@ def test_every_version(n, slope, scale, seed):
                 k = INPLACE[name]
                 args2[k] = args[k].copy()
                 fn(*args2, args2[k])
-                assert_close(args2[k], ref, tol, kernel=name, version=ver,
-                             shape=f"n={n} in place")
+                assert_close(args2[k], ref, tol, kernel=name, version=ver, shape=f"n={n} in place")
 
 
 @pytest.mark.parametrize("ver", list(K.VERSIONS["relu_bwd"]))

@@ -2,11 +2,13 @@
 random shapes (primes, size 1, sizes that straddle the block and micro-tile edges), all four
 transpose cases, alpha/beta, beta == 0 ignoring NaN in c, c aliasing an input, and strided
 (non-contiguous) inputs."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_check import DTYPES, assert_close, sum_tol, versions
+
 from kernels import gemm as K
 
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -14,16 +16,21 @@ dims = st.sampled_from([1, 2, 3, 5, 7, 8, 13, 17, 31, 33, 65])
 
 
 def _tol(dtype, trans_a, trans_b, alpha, a, b, beta, c):
-    K_ = (a.shape[0] if trans_a else a.shape[1])
-    mag = K.gemm_reference(trans_a, trans_b, abs(alpha), np.abs(a), np.abs(b), abs(beta),
-                           np.abs(c))
+    K_ = a.shape[0] if trans_a else a.shape[1]
+    mag = K.gemm_reference(trans_a, trans_b, abs(alpha), np.abs(a), np.abs(b), abs(beta), np.abs(c))
     return sum_tol(dtype, K_ + 2, mag, extra_roundings=3)
 
 
 @SETTINGS
-@given(dims, dims, dims, st.booleans(), st.booleans(),
-       st.sampled_from([(1.0, 0.0), (-0.5, 0.0), (1.0, 1.0), (2.0, 0.25)]),
-       st.integers(0, 2 ** 32 - 1))
+@given(
+    dims,
+    dims,
+    dims,
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([(1.0, 0.0), (-0.5, 0.0), (1.0, 1.0), (2.0, 0.25)]),
+    st.integers(0, 2**32 - 1),
+)
 def test_every_version(M, N, Kd, trans_a, trans_b, ab, seed):
     alpha, beta = ab
     rng = np.random.default_rng(seed)
@@ -34,7 +41,7 @@ def test_every_version(M, N, Kd, trans_a, trans_b, ab, seed):
     for dtype in DTYPES:
         a, b, c0 = a64.astype(dtype), b64.astype(dtype), c64.astype(dtype)
         if beta == 0:
-            c0[...] = np.nan                           # beta == 0: c must not be read
+            c0[...] = np.nan  # beta == 0: c must not be read
         ref = K.gemm_reference(trans_a, trans_b, alpha, a, b, beta, c0)
         tol = _tol(dtype, trans_a, trans_b, alpha, a, b, beta, np.nan_to_num(c0))
         for ver, fn in versions(K, "gemm"):
@@ -43,9 +50,17 @@ def test_every_version(M, N, Kd, trans_a, trans_b, ab, seed):
             assert_close(c, ref, tol, kernel="gemm", version=ver, shape=desc)
 
 
-@pytest.mark.parametrize("shape", [(64, 500, 800, True), (20, 1100, 25, False),
-                                   (50, 64, 600, False), (130, 70, 300, True),
-                                   (133, 70, 300, False), (9, 1030, 70, False)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (64, 500, 800, True),
+        (20, 1100, 25, False),
+        (50, 64, 600, False),
+        (130, 70, 300, True),
+        (133, 70, 300, False),
+        (9, 1030, 70, False),
+    ],
+)
 def test_engine_shapes(shape):
     """Engine-like shapes, big enough to cross every blocking boundary of the ladder and to
     take both of v4's kernels (dot-product for a transposed B or many rows of A, AXPY for an
@@ -58,11 +73,10 @@ def test_engine_shapes(shape):
     tol = _tol(np.float32, False, tb, 1.0, a, b, 0.0, np.zeros((M, N)))
     for ver, fn in versions(K, "gemm"):
         if ver == "v1_naive" and M * N * Kd > 2e6:
-            continue                                     # seconds, and nothing new to learn
+            continue  # seconds, and nothing new to learn
         c = np.empty((M, N), np.float32)
         fn(False, tb, 1.0, a, b, 0.0, c)
-        assert_close(c, ref, tol, kernel="gemm", version=ver, shape=f"M,N,K={M},{N},{Kd} "
-                                                                    f"trans_b={tb}")
+        assert_close(c, ref, tol, kernel="gemm", version=ver, shape=f"M,N,K={M},{N},{Kd} trans_b={tb}")
 
 
 def test_output_aliasing_an_input():
@@ -72,20 +86,27 @@ def test_output_aliasing_an_input():
     for ver, fn in versions(K, "gemm"):
         x = x0.copy()
         fn(False, True, 1.5, x, x, 0.5, x)
-        assert_close(x, ref, sum_tol(np.float64, 12, np.abs(ref) + 10), kernel="gemm",
-                     version=ver, shape="c is a is b (9x9)")
+        assert_close(
+            x, ref, sum_tol(np.float64, 12, np.abs(ref) + 10), kernel="gemm", version=ver, shape="c is a is b (9x9)"
+        )
 
 
 def test_strided_inputs():
     rng = np.random.default_rng(4)
-    a = rng.standard_normal((12, 22)).astype(np.float32)[:, ::2]        # (12, 11), strided
-    b = rng.standard_normal((22, 9)).astype(np.float32)[::2]            # (11, 9)
+    a = rng.standard_normal((12, 22)).astype(np.float32)[:, ::2]  # (12, 11), strided
+    b = rng.standard_normal((22, 9)).astype(np.float32)[::2]  # (11, 9)
     ref = K.gemm_reference(False, False, 1.0, a, b, 0.0, None)
     for ver, fn in versions(K, "gemm"):
         c = np.empty((12, 9), np.float32)
         fn(False, False, 1.0, a, b, 0.0, c)
-        assert_close(c, ref, sum_tol(np.float32, 14, np.abs(a) @ np.abs(b)), kernel="gemm",
-                     version=ver, shape="strided a (12, 11), b (11, 9)")
+        assert_close(
+            c,
+            ref,
+            sum_tol(np.float32, 14, np.abs(a) @ np.abs(b)),
+            kernel="gemm",
+            version=ver,
+            shape="strided a (12, 11), b (11, 9)",
+        )
 
 
 def test_shape_mismatch_names_the_shapes():

@@ -1,11 +1,13 @@
 """im2col / col2im: every version against the float64 reference on random geometry (odd and
 prime sizes, size 1, padding >= kernel/2, stride > kernel, dilation), both dtypes; a naive
 direct convolution checks that W @ im2col(x) is a convolution; col2im is im2col's adjoint."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_check import DTYPES, assert_close, assert_equal, sum_tol, versions
+
 from kernels import im2col as K
 
 SETTINGS = settings(max_examples=30, deadline=None)
@@ -15,7 +17,7 @@ SETTINGS = settings(max_examples=30, deadline=None)
 def geometry(draw):
     kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
     dh, dw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    sh, sw = draw(st.integers(1, 6)), draw(st.integers(1, 6))        # stride > kernel too
+    sh, sw = draw(st.integers(1, 6)), draw(st.integers(1, 6))  # stride > kernel too
     ph, pw = draw(st.integers(0, kh + 1)), draw(st.integers(0, kw + 1))  # pad >= kernel/2 too
     N, C = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     H = max(draw(st.sampled_from([1, 2, 3, 5, 7, 11, 13])), dh * (kh - 1) + 1 - 2 * ph)
@@ -32,7 +34,7 @@ def _col_shape(xshape, g):
 
 
 @SETTINGS
-@given(geometry(), st.integers(0, 2 ** 32 - 1))
+@given(geometry(), st.integers(0, 2**32 - 1))
 def test_im2col_every_version(geo, seed):
     xshape, g = geo
     rng = np.random.default_rng(seed)
@@ -43,12 +45,11 @@ def test_im2col_every_version(geo, seed):
         for ver, fn in versions(K, "im2col"):
             col = np.full(_col_shape(xshape, g), np.nan, dtype)
             fn(x, *g, col)
-            assert_equal(col, ref.astype(dtype), kernel="im2col", version=ver,
-                         shape=f"x{xshape} k,p,s,d={g}")
+            assert_equal(col, ref.astype(dtype), kernel="im2col", version=ver, shape=f"x{xshape} k,p,s,d={g}")
 
 
 @SETTINGS
-@given(geometry(), st.integers(0, 2 ** 32 - 1))
+@given(geometry(), st.integers(0, 2**32 - 1))
 def test_col2im_every_version(geo, seed):
     xshape, g = geo
     kh, kw = g[0], g[1]
@@ -61,8 +62,9 @@ def test_col2im_every_version(geo, seed):
         for ver, fn in versions(K, "col2im"):
             x = np.full(xshape, np.nan, dtype)
             fn(col, *g, x)
-            assert_close(x, ref, sum_tol(dtype, kh * kw, mag), kernel="col2im", version=ver,
-                         shape=f"x{xshape} k,p,s,d={g}")
+            assert_close(
+                x, ref, sum_tol(dtype, kh * kw, mag), kernel="col2im", version=ver, shape=f"x{xshape} k,p,s,d={g}"
+            )
 
 
 def _direct_conv(x, w, ph, pw, sh, sw, dh, dw):
@@ -87,8 +89,9 @@ def _direct_conv(x, w, ph, pw, sh, sw, dh, dw):
     return y
 
 
-@pytest.mark.parametrize("g", [(3, 3, 1, 1, 1, 1, 1, 1), (3, 2, 2, 0, 2, 3, 2, 1),
-                               (1, 1, 0, 0, 2, 2, 1, 1), (5, 5, 2, 2, 1, 1, 1, 1)])
+@pytest.mark.parametrize(
+    "g", [(3, 3, 1, 1, 1, 1, 1, 1), (3, 2, 2, 0, 2, 3, 2, 1), (1, 1, 0, 0, 2, 2, 1, 1), (5, 5, 2, 2, 1, 1, 1, 1)]
+)
 def test_im2col_is_a_convolution(g):
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 3, 7, 6))
@@ -100,12 +103,18 @@ def test_im2col_is_a_convolution(g):
         fn(x, *g, col)
         got = (w.reshape(M, -1) @ col).reshape(M, N, OH, OW).transpose(1, 0, 2, 3)
         mag = _direct_conv(np.abs(x), np.abs(w), *g[2:])
-        assert_close(got, want, sum_tol(np.float64, 3 * g[0] * g[1], mag), kernel="im2col",
-                     version=ver, shape=f"conv of x{x.shape} w{w.shape} g={g}")
+        assert_close(
+            got,
+            want,
+            sum_tol(np.float64, 3 * g[0] * g[1], mag),
+            kernel="im2col",
+            version=ver,
+            shape=f"conv of x{x.shape} w{w.shape} g={g}",
+        )
 
 
 @SETTINGS
-@given(geometry(), st.integers(0, 2 ** 32 - 1))
+@given(geometry(), st.integers(0, 2**32 - 1))
 def test_col2im_is_the_adjoint_of_im2col(geo, seed):
     """<im2col(x), c> == <x, col2im(c)> for the default versions."""
     xshape, g = geo
@@ -123,7 +132,7 @@ def test_col2im_is_the_adjoint_of_im2col(geo, seed):
 
 def test_bad_col_shape_raises():
     x = np.zeros((1, 1, 5, 5), np.float32)
-    col = np.zeros((9, 10), np.float32)            # should be (9, 9)
+    col = np.zeros((9, 10), np.float32)  # should be (9, 9)
     for ver, fn in versions(K, "im2col"):
         with pytest.raises(ValueError, match="col must have shape"):
             fn(x, 3, 3, 0, 0, 1, 1, 1, 1, col)

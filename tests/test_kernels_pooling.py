@@ -1,11 +1,13 @@
 """Pooling: every version against the float64 reference on random geometry, both dtypes;
 Caffe's mask semantics (index within the plane, ties to the first in scan order), the average
 divisor at the padded border (hand-computed), windows clipped to the image."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_check import DTYPES, assert_close, assert_equal, sum_tol, versions
+
 from kernels import pooling as K
 
 SETTINGS = settings(max_examples=30, deadline=None)
@@ -22,7 +24,7 @@ def pooled(size, k, s, p):
 @st.composite
 def geometry(draw):
     kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    sh, sw = draw(st.integers(1, 6)), draw(st.integers(1, 6))        # stride > kernel too
+    sh, sw = draw(st.integers(1, 6)), draw(st.integers(1, 6))  # stride > kernel too
     ph, pw = draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))  # Caffe: pad < kernel
     N, C = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     H = max(draw(st.sampled_from([1, 2, 3, 4, 5, 7, 11, 13])), kh - 2 * ph)
@@ -43,7 +45,7 @@ def _out_shape(xshape, g):
 
 
 @SETTINGS
-@given(geometry(), st.integers(0, 2 ** 32 - 1))
+@given(geometry(), st.integers(0, 2**32 - 1))
 def test_max_pool_every_version(geo, seed):
     xshape, g, ties = geo
     rng = np.random.default_rng(seed)
@@ -65,12 +67,11 @@ def test_max_pool_every_version(geo, seed):
         for ver, fn in versions(K, "max_pool_bwd"):
             dx = np.full(xshape, np.nan, dtype)
             fn(dy, m_ref, dx)
-            assert_close(dx, dx_ref, sum_tol(dtype, g[0] * g[1], mag), kernel="max_pool_bwd",
-                         version=ver, shape=desc)
+            assert_close(dx, dx_ref, sum_tol(dtype, g[0] * g[1], mag), kernel="max_pool_bwd", version=ver, shape=desc)
 
 
 @SETTINGS
-@given(geometry(), st.integers(0, 2 ** 32 - 1))
+@given(geometry(), st.integers(0, 2**32 - 1))
 def test_ave_pool_every_version(geo, seed):
     xshape, g, ties = geo
     kh, kw = g[0], g[1]
@@ -86,20 +87,18 @@ def test_ave_pool_every_version(geo, seed):
         for ver, fn in versions(K, "ave_pool_fwd"):
             y = np.full(yshape, np.nan, dtype)
             fn(x, *g, y)
-            assert_close(y, y_ref, sum_tol(dtype, kh * kw, mag), kernel="ave_pool_fwd",
-                         version=ver, shape=desc)
+            assert_close(y, y_ref, sum_tol(dtype, kh * kw, mag), kernel="ave_pool_fwd", version=ver, shape=desc)
         dx_ref = K.ave_pool_bwd_reference(dy, *g, xshape)
         mag = K.ave_pool_bwd_reference(np.abs(dy), *g, xshape)
         for ver, fn in versions(K, "ave_pool_bwd"):
             dx = np.full(xshape, np.nan, dtype)
             fn(dy, *g, dx)
-            assert_close(dx, dx_ref, sum_tol(dtype, kh * kw, mag), kernel="ave_pool_bwd",
-                         version=ver, shape=desc)
+            assert_close(dx, dx_ref, sum_tol(dtype, kh * kw, mag), kernel="ave_pool_bwd", version=ver, shape=desc)
 
 
 def test_max_pool_ties_go_to_the_first_in_scan_order():
     x = np.zeros((1, 1, 4, 4), np.float32)
-    x[0, 0, 1, 0] = x[0, 0, 0, 1] = 5          # same max twice in window (0, 0): (0,1) is first
+    x[0, 0, 1, 0] = x[0, 0, 0, 1] = 5  # same max twice in window (0, 0): (0,1) is first
     x[0, 0, 3, 3] = x[0, 0, 3, 2] = x[0, 0, 2, 3] = -1  # window (1, 1): all zero but these
     for ver, fn in versions(K, "max_pool_fwd"):
         y = np.empty((1, 1, 2, 2), np.float32)
@@ -117,9 +116,10 @@ def test_max_pool_mask_is_within_the_plane():
         mask = np.empty((2, 3, 2, 2), np.int32)
         fn(x, 3, 3, 2, 2, 0, 0, y, mask)
         assert mask.min() >= 0 and mask.max() < 25, f"max_pool_fwd[{ver}]: {mask}"
-        assert np.array_equal(x.reshape(2, 3, 25)[np.arange(2)[:, None, None],
-                                                  np.arange(3)[None, :, None],
-                                                  mask.reshape(2, 3, 4)], y.reshape(2, 3, 4))
+        assert np.array_equal(
+            x.reshape(2, 3, 25)[np.arange(2)[:, None, None], np.arange(3)[None, :, None], mask.reshape(2, 3, 4)],
+            y.reshape(2, 3, 4),
+        )
 
 
 def test_ave_pool_divisor_at_the_padded_border():
@@ -133,16 +133,17 @@ def test_ave_pool_divisor_at_the_padded_border():
         for ver, fn in versions(K, "ave_pool_fwd"):
             y = np.empty((1, 1, 3, 3), dtype)
             fn(x.astype(dtype), 3, 3, 2, 2, 1, 1, y)
-            assert_close(y[0, 0], want, 4 * np.finfo(dtype).eps, kernel="ave_pool_fwd",
-                         version=ver, shape="4x4 ones k3 s2 p1")
+            assert_close(
+                y[0, 0], want, 4 * np.finfo(dtype).eps, kernel="ave_pool_fwd", version=ver, shape="4x4 ones k3 s2 p1"
+            )
         for ver, fn in versions(K, "ave_pool_bwd"):
             dx = np.empty((1, 1, 4, 4), dtype)
             fn(np.ones((1, 1, 3, 3), dtype), 3, 3, 2, 2, 1, 1, dx)
             # pixel (0, 0) is only in window (0, 0): 1/9; pixel (3, 3) (rows and columns of
             # windows 1 and 2) in (1,1), (1,2), (2,1), (2,2) with divisors 9, 6, 6, 4
-            assert abs(dx[0, 0, 0, 0] - 1 / 9) < 1e-6 and \
-                abs(dx[0, 0, 3, 3] - (1 / 9 + 2 / 6 + 1 / 4)) < 1e-6, \
+            assert abs(dx[0, 0, 0, 0] - 1 / 9) < 1e-6 and abs(dx[0, 0, 3, 3] - (1 / 9 + 2 / 6 + 1 / 4)) < 1e-6, (
                 f"ave_pool_bwd[{ver}] {dx[0, 0]}"
+            )
 
 
 @pytest.mark.parametrize("shape", [(64, 20, 24, 24), (3, 5, 9, 7)])
@@ -161,5 +162,4 @@ def test_k2s2_fast_path_and_odd_sizes(shape):
     for ver, fn in versions(K, "ave_pool_fwd"):
         y = np.empty(yshape, np.float32)
         fn(x, 2, 2, 2, 2, 0, 0, y)
-        assert_close(y, a_ref, sum_tol(np.float32, 4, a_mag), kernel="ave_pool_fwd",
-                     version=ver, shape=str(shape))
+        assert_close(y, a_ref, sum_tol(np.float32, 4, a_mag), kernel="ave_pool_fwd", version=ver, shape=str(shape))

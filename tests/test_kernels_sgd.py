@@ -1,17 +1,24 @@
 """The SGD/momentum update: every version against the float64 reference (Caffe's rule), both
 dtypes, odd sizes and sizes across the prange chunk; g is left untouched."""
-import numpy as np
-from hypothesis import given, settings, strategies as st
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_check import DTYPES, assert_close, eps, tiny, versions
+
 from kernels import sgd as K
 
 SETTINGS = settings(max_examples=15, deadline=None)
 
 
 @SETTINGS
-@given(st.sampled_from([0, 1, 7, 33, 16384 + 5]), st.sampled_from([0.01, 0.5]),
-       st.sampled_from([0.0, 0.9]), st.sampled_from([0.0, 5e-4]), st.integers(0, 2 ** 32 - 1))
+@given(
+    st.sampled_from([0, 1, 7, 33, 16384 + 5]),
+    st.sampled_from([0.01, 0.5]),
+    st.sampled_from([0.0, 0.9]),
+    st.sampled_from([0.0, 5e-4]),
+    st.integers(0, 2**32 - 1),
+)
 def test_every_version(n, lr, momentum, wd, seed):
     rng = np.random.default_rng(seed)
     w64, g64, h64 = (rng.standard_normal(n) for _ in range(3))
@@ -24,10 +31,10 @@ def test_every_version(n, lr, momentum, wd, seed):
             w, g, h = w0.copy(), g0.copy(), h0.copy()
             fn(w, g, h, lr, momentum, wd)
             desc = f"n={n} lr={lr} momentum={momentum} wd={wd}"
-            assert_close(h, h_ref, 6 * eps(dtype) * h_mag + tiny(dtype), kernel="sgd(h)",
-                         version=ver, shape=desc)
-            assert_close(w, w_ref, 8 * eps(dtype) * (Wa + h_mag) + tiny(dtype),
-                         kernel="sgd(w)", version=ver, shape=desc)
+            assert_close(h, h_ref, 6 * eps(dtype) * h_mag + tiny(dtype), kernel="sgd(h)", version=ver, shape=desc)
+            assert_close(
+                w, w_ref, 8 * eps(dtype) * (Wa + h_mag) + tiny(dtype), kernel="sgd(w)", version=ver, shape=desc
+            )
             assert np.array_equal(g, g0), f"sgd_momentum_update[{ver}] modified g"
 
 
@@ -36,7 +43,8 @@ def test_two_steps_by_hand():
         w = np.array([1.0, -2.0], np.float32)
         g = np.array([0.5, 0.5], np.float32)
         h = np.zeros(2, np.float32)
-        fn(w, g, h, 0.1, 0.9, 0.0)          # h = 0.05, w = 0.95, -2.05
-        fn(w, g, h, 0.1, 0.9, 0.0)          # h = 0.045 + 0.05 = 0.095, w = 0.855, -2.145
-        assert np.allclose(h, [0.095, 0.095]) and np.allclose(w, [0.855, -2.145]), \
+        fn(w, g, h, 0.1, 0.9, 0.0)  # h = 0.05, w = 0.95, -2.05
+        fn(w, g, h, 0.1, 0.9, 0.0)  # h = 0.045 + 0.05 = 0.095, w = 0.855, -2.145
+        assert np.allclose(h, [0.095, 0.095]) and np.allclose(w, [0.855, -2.145]), (
             f"sgd_momentum_update[{ver}]: w={w} h={h}"
+        )

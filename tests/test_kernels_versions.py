@@ -1,5 +1,6 @@
 """The version switch: every family's VERSIONS/DEFAULTS/use() agree, kernels.use() and
 MINICAFFE_KERNELS rebind the names the engine calls, and unknown names are clear errors."""
+
 import os
 import subprocess
 import sys
@@ -40,17 +41,28 @@ def test_unknown_names_are_clear():
 
 
 def test_environment_variable():
-    code = ("import kernels.gemm as g, kernels.im2col as i; "
-            "print(g.gemm is g.VERSIONS['gemm']['v1_naive'], "
-            "i.im2col is i.VERSIONS['im2col']['v1_naive'])")
+    code = (
+        "import kernels.gemm as g, kernels.im2col as i; "
+        "print(g.gemm is g.VERSIONS['gemm']['v1_naive'], "
+        "i.im2col is i.VERSIONS['im2col']['v1_naive'])"
+    )
     env = dict(os.environ, MINICAFFE_KERNELS="gemm=v1_naive, im2col=v1_naive")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert out.stdout.split() == ["True", "True"], out.stderr
     env["MINICAFFE_KERNELS"] = "gemm=nope"
-    out = subprocess.run([sys.executable, "-c", "import kernels.gemm"], env=env,
-                         capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", "import kernels.gemm"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert out.returncode != 0 and "MINICAFFE_KERNELS" in out.stderr and "nope" in out.stderr
 
 
@@ -82,7 +94,7 @@ def test_defaults_are_safe_from_several_threads():
                 y, m = np.empty((4, 3, 6, 6), np.float32), np.empty((4, 3, 6, 6), np.int32)
                 pooling.max_pool_fwd(x, 2, 2, 2, 2, 0, 0, y, m)
                 assert np.array_equal(m, want_m)
-        except Exception as e:                      # pragma: no cover - reported below
+        except Exception as e:  # pragma: no cover - reported below
             errors.append(repr(e))
 
     threads = [threading.Thread(target=work) for _ in range(3)]

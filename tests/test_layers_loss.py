@@ -1,11 +1,12 @@
 """Softmax, the loss layers, Accuracy and ArgMax: forward against numpy, every normalization
 mode, ignore_label, gradients, errors."""
+
 import numpy as np
 import pytest
-
-from minicaffe.errors import LayerError
 from gradient_check import check_gradient
 from layer_util import blob, distinct, host, make_layer, run, setup
+
+from minicaffe.errors import LayerError
 
 
 def np_softmax(x, axis):
@@ -23,7 +24,7 @@ def test_softmax(backend, rng, shape, axis):
 
 # -- SoftmaxWithLoss --------------------------------------------------------------------------------
 def softmax_loss_ref(x, labels, axis, ignore, mode):
-    p = np.moveaxis(np_softmax(x, axis), axis, -1)          # (..., C)
+    p = np.moveaxis(np_softmax(x, axis), axis, -1)  # (..., C)
     lab = labels.reshape(p.shape[:-1]).astype(int)
     keep = np.ones(lab.shape, bool) if ignore is None else lab != ignore
     picked = np.take_along_axis(p, np.where(keep, lab, 0)[..., None], axis=-1)[..., 0]
@@ -38,7 +39,7 @@ def softmax_loss_ref(x, labels, axis, ignore, mode):
 def test_softmax_loss_normalization_and_ignore_label(backend, rng, mode, ignore):
     x = rng.standard_normal((3, 4, 2, 3))
     labels = rng.integers(0, 4, (3, 1, 2, 3)).astype(float)
-    labels[0, 0, 0, :] = 2                               # make sure some positions are ignored
+    labels[0, 0, 0, :] = 2  # make sure some positions are ignored
     ig = f"ignore_label: {ignore}" if ignore is not None else ""
     text = f'type: "SoftmaxWithLoss" loss_param {{ normalization: {mode} {ig} }}'
     layer, bottoms, tops, (loss, prob) = run(text, backend, [x, labels], n_tops=2)
@@ -58,13 +59,13 @@ def test_softmax_loss_legacy_normalize(backend, rng, normalize, mode):
 
 
 def test_softmax_loss_weight_and_axis(backend, rng):
-    x = rng.standard_normal((2, 3, 5))                       # classes on the last axis
+    x = rng.standard_normal((2, 3, 5))  # classes on the last axis
     labels = rng.integers(0, 5, (2, 3)).astype(float)
     text = 'type: "SoftmaxWithLoss" softmax_param { axis: 2 } loss_weight: 2.5'
     layer, bottoms, tops, (loss,) = run(text, backend, [x, labels])
     np.testing.assert_allclose(float(loss), softmax_loss_ref(x, labels, 2, None, "VALID"), rtol=1e-12)
     assert layer.loss_weights == [2.5]
-    layer.backward(tops, [True, False], bottoms)            # the diff holds the loss weight
+    layer.backward(tops, [True, False], bottoms)  # the diff holds the loss weight
     p = np_softmax(x, 2)
     onehot = np.eye(5)[labels.astype(int)]
     np.testing.assert_allclose(host(backend, bottoms[0].diff), 2.5 * (p - onehot) / 6, rtol=1e-10)
@@ -125,7 +126,7 @@ def test_euclidean_loss_shape_error(backend):
 
 # -- Accuracy ---------------------------------------------------------------------------------------
 def accuracy_ref(x, labels, k, ignore=None):
-    n, c = x.shape[0], x.shape[1]
+    c = x.shape[1]
     s = np.moveaxis(x, 1, -1).reshape(-1, c)
     lab = labels.reshape(-1).astype(int)
     hits, count = 0, 0
@@ -155,14 +156,16 @@ def test_accuracy_top_k_and_per_class(backend, rng, k):
 
 
 def test_accuracy_ignore_label_axis_and_ties(backend, rng):
-    x = rng.integers(0, 3, (2, 4, 3)).astype(float)          # many ties: they count against the label
+    x = rng.integers(0, 3, (2, 4, 3)).astype(float)  # many ties: they count against the label
     labels = rng.integers(0, 4, (2, 3)).astype(float)
     labels[0, 0] = -1
     text = 'type: "Accuracy" accuracy_param { ignore_label: -1 top_k: 2 }'
     _, _, _, (acc,) = run(text, backend, [x, labels])
     np.testing.assert_allclose(float(acc), accuracy_ref(x, labels, 2, ignore=-1)[0])
-    x2 = np.moveaxis(x, 1, 2)                                # the same scores with classes last
-    _, _, _, (acc2,) = run('type: "Accuracy" accuracy_param { axis: -1 ignore_label: -1 top_k: 2 }', backend, [x2, labels])
+    x2 = np.moveaxis(x, 1, 2)  # the same scores with classes last
+    _, _, _, (acc2,) = run(
+        'type: "Accuracy" accuracy_param { axis: -1 ignore_label: -1 top_k: 2 }', backend, [x2, labels]
+    )
     np.testing.assert_allclose(float(acc2), float(acc))
 
 
@@ -188,7 +191,7 @@ def test_argmax(backend, rng):
     assert y.shape == (3, 1, 4)
     np.testing.assert_array_equal(y[:, 0], x.argmax(axis=1))
     _, _, _, (y,) = run('type: "ArgMax"', backend, [np.array([[1.0, 3.0, 3.0, 0.0]])])
-    assert y.reshape(-1)[0] == 2                              # ties: the higher index, as Caffe
+    assert y.reshape(-1)[0] == 2  # ties: the higher index, as Caffe
 
 
 # -- ContrastiveLoss ---------------------------------------------------------------------------------
@@ -205,9 +208,11 @@ def test_contrastive_loss(backend, rng, legacy):
     b = rng.uniform(-0.6, 0.6, (n, c, 1, 1))
     d2 = ((a - b) ** 2).reshape(n, -1).sum(axis=1)
     kink = d2 if legacy else np.sqrt(d2)
-    assert np.all(np.abs(kink - margin) > 0.02) and np.any(kink < margin)   # both sides of the hinge, away from it
+    assert np.all(np.abs(kink - margin) > 0.02) and np.any(kink < margin)  # both sides of the hinge, away from it
     y = (np.arange(n) % 2).astype(float).reshape(n, 1, 1, 1)
-    text = f'type: "ContrastiveLoss" contrastive_loss_param {{ margin: {margin} legacy_version: {str(legacy).lower()} }}'
+    text = (
+        f'type: "ContrastiveLoss" contrastive_loss_param {{ margin: {margin} legacy_version: {str(legacy).lower()} }}'
+    )
     layer, bottoms, tops, (loss,) = run(text, backend, [a, b, y])
     np.testing.assert_allclose(loss, contrastive_ref(a, b, y, margin, legacy), rtol=1e-12)
     # Caffe divides the dissimilar gradient by d + 1e-4, not d: exact only in the legacy form

@@ -1,10 +1,11 @@
 """Tile, Reduction, Crop, MVN, Embed: forward against numpy, gradients, errors."""
+
 import numpy as np
 import pytest
+from gradient_check import check_gradient
+from layer_util import host, run
 
 from minicaffe.errors import LayerError
-from gradient_check import check_gradient
-from layer_util import blob, host, run
 
 
 @pytest.mark.parametrize("axis, tiles", [(1, 3), (0, 2), (-1, 4)])
@@ -20,22 +21,26 @@ def test_tile(backend, rng, axis, tiles):
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_reduction(backend, rng, op, axis):
     from layer_util import away_from
+
     x = away_from(rng, (2, 3, 4), margin=0.05)
     text = f'type: "Reduction" reduction_param {{ operation: {op} axis: {axis} coeff: -1.5 }}'
     layer, bottoms, tops, (y,) = run(text, backend, [x])
     a = axis % 3
     flat = x.reshape(int(np.prod(x.shape[:a])), -1)
-    f = {"SUM": flat.sum(1), "ASUM": np.abs(flat).sum(1), "SUMSQ": (flat ** 2).sum(1), "MEAN": flat.mean(1)}[op]
+    f = {"SUM": flat.sum(1), "ASUM": np.abs(flat).sum(1), "SUMSQ": (flat**2).sum(1), "MEAN": flat.mean(1)}[op]
     assert y.shape == x.shape[:a]
     np.testing.assert_allclose(y.reshape(-1), -1.5 * f, rtol=1e-12)
     check_gradient(layer, bottoms, tops, kink=0.0 if op == "ASUM" else None, kink_range=1e-3)
 
 
-@pytest.mark.parametrize("param, window", [
-    ("", (slice(None), slice(None), slice(0, 3), slice(0, 4))),                     # axis 2, offsets 0
-    ("crop_param { offset: 1 }", (slice(None), slice(None), slice(1, 4), slice(1, 5))),
-    ("crop_param { axis: 1 offset: 1 offset: 2 offset: 0 }", (slice(None), slice(1, 3), slice(2, 5), slice(0, 4))),
-])
+@pytest.mark.parametrize(
+    "param, window",
+    [
+        ("", (slice(None), slice(None), slice(0, 3), slice(0, 4))),  # axis 2, offsets 0
+        ("crop_param { offset: 1 }", (slice(None), slice(None), slice(1, 4), slice(1, 5))),
+        ("crop_param { axis: 1 offset: 1 offset: 2 offset: 0 }", (slice(None), slice(1, 3), slice(2, 5), slice(0, 4))),
+    ],
+)
 def test_crop(backend, rng, param, window):
     x = rng.standard_normal((2, 4, 5, 6))
     ref = np.zeros((2, 2, 3, 4))
@@ -49,9 +54,15 @@ def test_crop_window_too_big(backend):
         run('type: "Crop" crop_param { offset: 3 }', backend, [np.zeros((1, 1, 5, 5)), np.zeros((1, 1, 3, 3))])
 
 
-@pytest.mark.parametrize("param", ["", "mvn_param { normalize_variance: false }",
-                                   "mvn_param { across_channels: true }",
-                                   "mvn_param { across_channels: true normalize_variance: false }"])
+@pytest.mark.parametrize(
+    "param",
+    [
+        "",
+        "mvn_param { normalize_variance: false }",
+        "mvn_param { across_channels: true }",
+        "mvn_param { across_channels: true normalize_variance: false }",
+    ],
+)
 def test_mvn(backend, rng, param):
     x = rng.standard_normal((2, 3, 4, 5)) * 2 + 1
     layer, bottoms, tops, (y,) = run(f'type: "MVN" {param}', backend, [x])
@@ -65,9 +76,11 @@ def test_mvn(backend, rng, param):
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_embed(backend, rng, bias):
-    ids = np.array([[3, 0, 3], [1, 4, 3]], dtype=float)            # repeated ids sum their gradients
-    text = (f'type: "Embed" embed_param {{ num_output: 4 input_dim: 5 bias_term: {str(bias).lower()} '
-            f'weight_filler {{ type: "gaussian" }} bias_filler {{ type: "uniform" }} }}')
+    ids = np.array([[3, 0, 3], [1, 4, 3]], dtype=float)  # repeated ids sum their gradients
+    text = (
+        f'type: "Embed" embed_param {{ num_output: 4 input_dim: 5 bias_term: {str(bias).lower()} '
+        f'weight_filler {{ type: "gaussian" }} bias_filler {{ type: "uniform" }} }}'
+    )
     layer, bottoms, tops, (y,) = run(text, backend, [ids])
     w = host(backend, layer.blobs[0].data)
     want = w[ids.astype(int)] + (host(backend, layer.blobs[1].data) if bias else 0)

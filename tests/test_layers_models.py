@@ -11,6 +11,7 @@ Each runs forward and backward; the loss is checked against the sum of its weigh
 and a float64 spot check compares the analytic gradient of the net's loss (parameters and the
 input, with force_backward) to central differences, Dropout masks held fixed by the seed.
 """
+
 import numpy as np
 import pytest
 
@@ -48,8 +49,10 @@ def fc(name, bottom, n, relu=False, dropout=None):
     if relu:
         text += f'layer {{ name: "{name}_relu" type: "ReLU" bottom: "{name}" top: "{name}" }}\n'
     if dropout is not None:
-        text += (f'layer {{ name: "{name}_drop" type: "Dropout" bottom: "{name}" top: "{name}" '
-                 f'dropout_param {{ dropout_ratio: {dropout} }} }}\n')
+        text += (
+            f'layer {{ name: "{name}_drop" type: "Dropout" bottom: "{name}" top: "{name}" '
+            f"dropout_param {{ dropout_ratio: {dropout} }} }}\n"
+        )
     return text
 
 
@@ -62,47 +65,74 @@ layer {{ name: "{name}_acc" type: "Accuracy" bottom: "{bottom}" bottom: "label" 
 
 
 def inputs(c, h, w, n=2):
-    return f'''layer {{ name: "data" type: "Input" top: "data" top: "label"
+    return f"""layer {{ name: "data" type: "Input" top: "data" top: "label"
   input_param {{ shape {{ dim: {n} dim: {c} dim: {h} dim: {w} }} shape {{ dim: {n} }} }} }}
-'''
+"""
 
 
 def inception(name, bottom, n1, r3, n3, r5, n5, proj):
-    return (conv(f"{name}/1x1", bottom, n1, 1)
-            + conv(f"{name}/3x3_reduce", bottom, r3, 1) + conv(f"{name}/3x3", f"{name}/3x3_reduce", n3, 3, pad=1)
-            + conv(f"{name}/5x5_reduce", bottom, r5, 1) + conv(f"{name}/5x5", f"{name}/5x5_reduce", n5, 5, pad=2)
-            + pool(f"{name}/pool", bottom, "MAX", 3, 1, pad=1) + conv(f"{name}/pool_proj", f"{name}/pool", proj, 1)
-            + f'''layer {{ name: "{name}/output" type: "Concat" bottom: "{name}/1x1" bottom: "{name}/3x3"
+    return (
+        conv(f"{name}/1x1", bottom, n1, 1)
+        + conv(f"{name}/3x3_reduce", bottom, r3, 1)
+        + conv(f"{name}/3x3", f"{name}/3x3_reduce", n3, 3, pad=1)
+        + conv(f"{name}/5x5_reduce", bottom, r5, 1)
+        + conv(f"{name}/5x5", f"{name}/5x5_reduce", n5, 5, pad=2)
+        + pool(f"{name}/pool", bottom, "MAX", 3, 1, pad=1)
+        + conv(f"{name}/pool_proj", f"{name}/pool", proj, 1)
+        + f'''layer {{ name: "{name}/output" type: "Concat" bottom: "{name}/1x1" bottom: "{name}/3x3"
   bottom: "{name}/5x5" bottom: "{name}/pool_proj" top: "{name}/output" }}
-''')
+'''
+    )
 
 
 def aux_head(name, bottom, classes):
-    return (pool(f"{name}/ave_pool", bottom, "AVE", 3, 2) + conv(f"{name}/conv", f"{name}/ave_pool", 4, 1)
-            + fc(f"{name}/fc", f"{name}/conv", 6, relu=True, dropout=0.7)
-            + fc(f"{name}/classifier", f"{name}/fc", classes) + loss(f"{name}/loss", f"{name}/classifier", 0.3))
+    return (
+        pool(f"{name}/ave_pool", bottom, "AVE", 3, 2)
+        + conv(f"{name}/conv", f"{name}/ave_pool", 4, 1)
+        + fc(f"{name}/fc", f"{name}/conv", 6, relu=True, dropout=0.7)
+        + fc(f"{name}/classifier", f"{name}/fc", classes)
+        + loss(f"{name}/loss", f"{name}/classifier", 0.3)
+    )
 
 
 CLASSES = 5
 
-GOOGLENET = ('name: "TinyGoogLeNet" force_backward: true\n' + inputs(3, 20, 20)
-             + conv("conv1", "data", 6, 5, stride=2, pad=2) + pool("pool1", "conv1", "MAX", 3, 2) + lrn("norm1", "pool1")
-             + conv("conv2", "norm1", 8, 3, pad=1) + lrn("norm2", "conv2")
-             + inception("inc_a", "norm2", 3, 2, 4, 2, 3, 2)             # 12 channels
-             + aux_head("loss1", "inc_a/output", CLASSES)
-             + inception("inc_b", "inc_a/output", 4, 3, 4, 2, 2, 2)      # 12 channels
-             + aux_head("loss2", "inc_b/output", CLASSES)
-             + pool("pool5", "inc_b/output", "AVE", 5, 1)
-             + f'layer {{ name: "pool5_drop" type: "Dropout" bottom: "pool5" top: "pool5" dropout_param {{ dropout_ratio: 0.4 }} }}\n'
-             + fc("classifier", "pool5", CLASSES) + loss("loss3", "classifier"))
+GOOGLENET = (
+    'name: "TinyGoogLeNet" force_backward: true\n'
+    + inputs(3, 20, 20)
+    + conv("conv1", "data", 6, 5, stride=2, pad=2)
+    + pool("pool1", "conv1", "MAX", 3, 2)
+    + lrn("norm1", "pool1")
+    + conv("conv2", "norm1", 8, 3, pad=1)
+    + lrn("norm2", "conv2")
+    + inception("inc_a", "norm2", 3, 2, 4, 2, 3, 2)  # 12 channels
+    + aux_head("loss1", "inc_a/output", CLASSES)
+    + inception("inc_b", "inc_a/output", 4, 3, 4, 2, 2, 2)  # 12 channels
+    + aux_head("loss2", "inc_b/output", CLASSES)
+    + pool("pool5", "inc_b/output", "AVE", 5, 1)
+    + 'layer { name: "pool5_drop" type: "Dropout" bottom: "pool5" top: "pool5" dropout_param { dropout_ratio: 0.4 } }\n'
+    + fc("classifier", "pool5", CLASSES)
+    + loss("loss3", "classifier")
+)
 
-ALEXNET = ('name: "TinyAlexNet" force_backward: true\n' + inputs(3, 31, 31)
-           + conv("conv1", "data", 8, 5, stride=2) + lrn("norm1", "conv1") + pool("pool1", "norm1", "MAX", 3, 2)
-           + conv("conv2", "pool1", 8, 3, pad=1, group=2) + lrn("norm2", "conv2") + pool("pool2", "norm2", "MAX", 3, 2)
-           + conv("conv3", "pool2", 6, 3, pad=1) + conv("conv4", "conv3", 6, 3, pad=1, group=2)
-           + conv("conv5", "conv4", 4, 3, pad=1, group=2) + pool("pool5", "conv5", "MAX", 3, 2)
-           + fc("fc6", "pool5", 10, relu=True, dropout=0.5) + fc("fc7", "fc6", 10, relu=True, dropout=0.5)
-           + fc("fc8", "fc7", CLASSES) + loss("loss", "fc8"))
+ALEXNET = (
+    'name: "TinyAlexNet" force_backward: true\n'
+    + inputs(3, 31, 31)
+    + conv("conv1", "data", 8, 5, stride=2)
+    + lrn("norm1", "conv1")
+    + pool("pool1", "norm1", "MAX", 3, 2)
+    + conv("conv2", "pool1", 8, 3, pad=1, group=2)
+    + lrn("norm2", "conv2")
+    + pool("pool2", "norm2", "MAX", 3, 2)
+    + conv("conv3", "pool2", 6, 3, pad=1)
+    + conv("conv4", "conv3", 6, 3, pad=1, group=2)
+    + conv("conv5", "conv4", 4, 3, pad=1, group=2)
+    + pool("pool5", "conv5", "MAX", 3, 2)
+    + fc("fc6", "pool5", 10, relu=True, dropout=0.5)
+    + fc("fc7", "fc6", 10, relu=True, dropout=0.5)
+    + fc("fc8", "fc7", CLASSES)
+    + loss("loss", "fc8")
+)
 
 MODELS = {"googlenet": GOOGLENET, "alexnet": ALEXNET}
 
@@ -144,14 +174,14 @@ def test_test_phase_runs_with_accuracy(model):
 
 def test_alexnet_grouped_convolutions_are_block_diagonal():
     net = build(ALEXNET, "TRAIN")
-    assert net.params["conv2"][0].shape == (8, 4, 3, 3)       # group 2: each filter sees half the channels
+    assert net.params["conv2"][0].shape == (8, 4, 3, 3)  # group 2: each filter sees half the channels
     assert net.params["conv4"][0].shape == (6, 3, 3, 3)
     # zeroing the first input half changes only through the first group's filters
     x = net.blobs["pool1"]
     layer = net.layer_dict["conv2"]
     set_random_seed(0)
     net.forward_from_to()
-    layer.forward([x], [net.blobs["conv2"]])      # conv2's own output (the net's ReLU ran in place)
+    layer.forward([x], [net.blobs["conv2"]])  # conv2's own output (the net's ReLU ran in place)
     before = net.blobs["conv2"].data.copy()
     x.data[:, :4] = 0
     layer.forward([x], [net.blobs["conv2"]])
@@ -163,6 +193,7 @@ def test_alexnet_grouped_convolutions_are_block_diagonal():
 def spot_check(net, per_blob=2, step=1e-6, tol=1e-5, seed=11):
     """Analytic gradients of the net's loss vs central differences at ``per_blob`` elements of every
     parameter blob and of the input (the seed is reset before each forward: Dropout stays fixed)."""
+
     def loss():
         set_random_seed(seed)
         return net.forward_from_to()
@@ -187,8 +218,9 @@ def spot_check(net, per_blob=2, step=1e-6, tol=1e-5, seed=11):
             numeric = (f_plus - f_minus) / (2 * step)
             analytic = grads[name].reshape(-1)[k]
             bound = tol * max(abs(numeric), abs(analytic), 1e-3) + 1e-9
-            assert abs(numeric - analytic) <= bound, \
+            assert abs(numeric - analytic) <= bound, (
                 f"{net.name}: d loss / d {name} flat index {k}: analytic {analytic:.10g} vs numeric {numeric:.10g}"
+            )
             checked += 1
     return checked
 

@@ -1,12 +1,13 @@
 """Neuron layers (one bottom, one top of its shape): ReLU, Sigmoid, TanH, Power, AbsVal, ELU,
 PReLU, Dropout -- forward against numpy formulas, gradients, in-place runs."""
+
 import numpy as np
 import pytest
+from gradient_check import check_gradient
+from layer_util import away_from, blob, empty, host, make_layer, run, setup
 
 from minicaffe.errors import LayerError
 from minicaffe.rng import set_random_seed
-from gradient_check import check_gradient
-from layer_util import away_from, blob, empty, host, make_layer, run, setup
 
 SHAPES = [(2, 3, 5, 3), (7,), (3, 5)]
 
@@ -44,8 +45,9 @@ def test_neuron_forward_and_gradient(backend, rng, text, shape):
     check_gradient(layer, bottoms, tops, kink=kink, kink_range=1e-3)
 
 
-@pytest.mark.parametrize("text", list(NEURONS) + ['type: "PReLU"', 'type: "Dropout"', 'type: "LRN"',
-                                                  'type: "BatchNorm"', 'type: "Scale"'])
+@pytest.mark.parametrize(
+    "text", list(NEURONS) + ['type: "PReLU"', 'type: "Dropout"', 'type: "LRN"', 'type: "BatchNorm"', 'type: "Scale"']
+)
 def test_in_place_equals_out_of_place(backend, rng, text):
     """The Net runs these layers in place (top = bottom); results must not change."""
     kink = NEURONS.get(text, (None, None))[1]

@@ -1,10 +1,11 @@
 """LRN, BatchNorm, Scale, Bias: forward against numpy loops, train/test statistics, gradients."""
+
 import numpy as np
 import pytest
-
-from minicaffe.errors import LayerError
 from gradient_check import check_gradient
 from layer_util import blob, host, make_layer, run, setup
+
+from minicaffe.errors import LayerError
 
 
 def lrn_ref(x, size, alpha, beta, k, region):
@@ -18,14 +19,19 @@ def lrn_ref(x, size, alpha, beta, k, region):
                     lo, hi = max(0, ci - r), min(c, ci + r + 1)
                     scale[:, ci, i, j] = k + alpha / size * (x[:, lo:hi, i, j] ** 2).sum(axis=1)
                 else:
-                    win = x[:, ci, max(0, i - r):i + r + 1, max(0, j - r):j + r + 1]
-                    scale[:, ci, i, j] = 1 + alpha / size ** 2 * (win ** 2).sum(axis=(1, 2))
-    return x * scale ** -beta
+                    win = x[:, ci, max(0, i - r) : i + r + 1, max(0, j - r) : j + r + 1]
+                    scale[:, ci, i, j] = 1 + alpha / size**2 * (win**2).sum(axis=(1, 2))
+    return x * scale**-beta
 
 
-@pytest.mark.parametrize("region, size, shape", [
-    ("ACROSS_CHANNELS", 5, (2, 7, 3, 2)), ("ACROSS_CHANNELS", 3, (1, 2, 3, 3)), ("WITHIN_CHANNEL", 3, (2, 2, 5, 4)),
-])
+@pytest.mark.parametrize(
+    "region, size, shape",
+    [
+        ("ACROSS_CHANNELS", 5, (2, 7, 3, 2)),
+        ("ACROSS_CHANNELS", 3, (1, 2, 3, 3)),
+        ("WITHIN_CHANNEL", 3, (2, 2, 5, 4)),
+    ],
+)
 def test_lrn(backend, rng, region, size, shape):
     x = rng.standard_normal(shape)
     text = f'type: "LRN" lrn_param {{ local_size: {size} alpha: 0.8 beta: 0.6 k: 2 norm_region: {region} }}'
@@ -54,7 +60,7 @@ def test_batch_norm_train_normalizes_and_keeps_moving_sums(backend, rng, shape):
     np.testing.assert_allclose(host(backend, layer.blobs[0].data), mean.ravel())
     np.testing.assert_allclose(host(backend, layer.blobs[1].data), var.ravel() * m / (m - 1))
     np.testing.assert_allclose(host(backend, layer.blobs[2].data), [1.0])
-    layer.forward(bottoms, tops)                             # a second batch: sums decay by 0.9
+    layer.forward(bottoms, tops)  # a second batch: sums decay by 0.9
     np.testing.assert_allclose(host(backend, layer.blobs[2].data), [1.9])
     np.testing.assert_allclose(host(backend, layer.blobs[0].data), 1.9 * mean.ravel())
     check_gradient(layer, bottoms, tops, max_per_blob=40)
@@ -65,14 +71,14 @@ def test_batch_norm_test_phase_uses_the_stored_statistics(backend, rng):
     layer = make_layer('type: "BatchNorm"', backend, phase="TEST")
     bottoms = [blob(backend, x)]
     tops = setup(layer, bottoms)
-    layer.blobs[0].data[...] = np.array([2.0, -4.0])         # sums, with scale factor 2
+    layer.blobs[0].data[...] = np.array([2.0, -4.0])  # sums, with scale factor 2
     layer.blobs[1].data[...] = np.array([8.0, 0.5])
     layer.blobs[2].data[...] = 2.0
     layer.forward(bottoms, tops)
     mean, var = np.array([1.0, -2.0]), np.array([4.0, 0.25])
     ref = (x - mean[None, :, None, None]) / np.sqrt(var[None, :, None, None] + 1e-5)
     np.testing.assert_allclose(host(backend, tops[0].data), ref, rtol=1e-12)
-    np.testing.assert_allclose(host(backend, layer.blobs[2].data), [2.0])   # unchanged at TEST
+    np.testing.assert_allclose(host(backend, layer.blobs[2].data), [2.0])  # unchanged at TEST
     check_gradient(layer, bottoms, tops, check_params=False)
 
 
@@ -80,20 +86,23 @@ def test_batch_norm_use_global_stats_override_and_lr_mult(backend, rng):
     layer = make_layer('type: "BatchNorm" batch_norm_param { use_global_stats: true }', backend, phase="TRAIN")
     setup(layer, [blob(backend, rng.standard_normal((2, 3)))])
     assert layer.use_global
-    assert [p.lr_mult for p in layer.param.param] == [0.0, 0.0, 0.0]      # as Caffe forces
+    assert [p.lr_mult for p in layer.param.param] == [0.0, 0.0, 0.0]  # as Caffe forces
     layer = make_layer('name: "bn" type: "BatchNorm" param { lr_mult: 1 }', backend)
     with pytest.raises(LayerError, match="bn.*cannot be learned"):
         setup(layer, [blob(backend, np.zeros((2, 3)))])
 
 
 # -- Scale / Bias -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("axis, num_axes, shape", [(1, 1, (2, 3, 4)), (0, -1, (2, 3)), (1, 2, (2, 3, 4, 2)), (-1, 1, (3, 5)),
-                                                   (1, 0, (2, 3))])
+@pytest.mark.parametrize(
+    "axis, num_axes, shape", [(1, 1, (2, 3, 4)), (0, -1, (2, 3)), (1, 2, (2, 3, 4, 2)), (-1, 1, (3, 5)), (1, 0, (2, 3))]
+)
 @pytest.mark.parametrize("bias_term", [False, True])
 def test_scale_learned(backend, rng, axis, num_axes, shape, bias_term):
     x = rng.standard_normal(shape)
-    text = (f'type: "Scale" scale_param {{ axis: {axis} num_axes: {num_axes} bias_term: {str(bias_term).lower()} '
-            f'filler {{ type: "gaussian" }} bias_filler {{ type: "gaussian" }} }}')
+    text = (
+        f'type: "Scale" scale_param {{ axis: {axis} num_axes: {num_axes} bias_term: {str(bias_term).lower()} '
+        f'filler {{ type: "gaussian" }} bias_filler {{ type: "gaussian" }} }}'
+    )
     layer, bottoms, tops, (y,) = run(text, backend, [x])
     a = axis % len(shape)
     s = host(backend, layer.blobs[0].data)
@@ -113,13 +122,15 @@ def test_scale_two_bottoms_and_default_filler(backend, rng):
     np.testing.assert_allclose(y, x * s[None], rtol=1e-12)
     assert layer.blobs == []
     check_gradient(layer, bottoms, tops)
-    _, _, _, (y,) = run('type: "Scale"', backend, [x])       # default filler: 1
+    _, _, _, (y,) = run('type: "Scale"', backend, [x])  # default filler: 1
     np.testing.assert_allclose(y, x)
 
 
 def test_scale_shape_mismatch(backend):
     layer = make_layer('name: "sc" type: "Scale"', backend)
-    with pytest.raises(LayerError, match=r"sc.*bottom\[1\] of shape \(4\) does not match bottom\[0\] \(2,3,4\) from axis 1"):
+    with pytest.raises(
+        LayerError, match=r"sc.*bottom\[1\] of shape \(4\) does not match bottom\[0\] \(2,3,4\) from axis 1"
+    ):
         setup(layer, [blob(backend, np.zeros((2, 3, 4))), blob(backend, np.zeros(4))])
 
 

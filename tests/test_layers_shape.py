@@ -1,19 +1,22 @@
 """Layers that move values around: Concat, Slice, Eltwise, Flatten, Reshape, Split, Silence,
 Input, and the Python layer."""
+
 import sys
 import textwrap
 
 import numpy as np
 import pytest
-
-from minicaffe.errors import LayerError
 from gradient_check import check_gradient
 from layer_util import blob, distinct, empty, host, make_layer, run, setup
 
+from minicaffe.errors import LayerError
+
 
 # -- Concat / Slice ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("param, axis", [("", 1), ("concat_param { axis: 0 }", 0), ("concat_param { axis: -1 }", 2),
-                                         ("concat_param { concat_dim: 2 }", 2)])
+@pytest.mark.parametrize(
+    "param, axis",
+    [("", 1), ("concat_param { axis: 0 }", 0), ("concat_param { axis: -1 }", 2), ("concat_param { concat_dim: 2 }", 2)],
+)
 def test_concat(backend, rng, param, axis):
     shapes = [[2, 3, 4], [2, 3, 4], [2, 3, 4]]
     for i, s in enumerate(shapes):
@@ -30,9 +33,14 @@ def test_concat_shape_error(backend):
         setup(layer, [blob(backend, np.zeros((2, 3, 4, 5))), blob(backend, np.zeros((2, 3, 4, 6)))])
 
 
-@pytest.mark.parametrize("param, n_tops, cuts", [("slice_param { slice_point: 1 slice_point: 4 }", 3, [1, 4]),
-                                                ("slice_param { axis: 0 }", 2, None),
-                                                ("slice_param { slice_dim: 2 slice_point: 2 }", 2, [2])])
+@pytest.mark.parametrize(
+    "param, n_tops, cuts",
+    [
+        ("slice_param { slice_point: 1 slice_point: 4 }", 3, [1, 4]),
+        ("slice_param { axis: 0 }", 2, None),
+        ("slice_param { slice_dim: 2 slice_point: 2 }", 2, [2]),
+    ],
+)
 def test_slice(backend, rng, param, n_tops, cuts):
     x = rng.standard_normal((4, 5, 3))
     layer, bottoms, tops, ys = run(f'type: "Slice" {param}', backend, [x], n_tops=n_tops)
@@ -53,13 +61,16 @@ def test_slice_errors(backend):
 
 
 # -- Eltwise ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("param, ref", [
-    ("", lambda a, b, c: a + b + c),
-    ("eltwise_param { operation: SUM coeff: 1 coeff: -0.5 coeff: 2 }", lambda a, b, c: a - 0.5 * b + 2 * c),
-    ("eltwise_param { operation: PROD }", lambda a, b, c: a * b * c),
-    ("eltwise_param { operation: PROD stable_prod_grad: false }", lambda a, b, c: a * b * c),
-    ("eltwise_param { operation: MAX }", lambda a, b, c: np.maximum(np.maximum(a, b), c)),
-])
+@pytest.mark.parametrize(
+    "param, ref",
+    [
+        ("", lambda a, b, c: a + b + c),
+        ("eltwise_param { operation: SUM coeff: 1 coeff: -0.5 coeff: 2 }", lambda a, b, c: a - 0.5 * b + 2 * c),
+        ("eltwise_param { operation: PROD }", lambda a, b, c: a * b * c),
+        ("eltwise_param { operation: PROD stable_prod_grad: false }", lambda a, b, c: a * b * c),
+        ("eltwise_param { operation: MAX }", lambda a, b, c: np.maximum(np.maximum(a, b), c)),
+    ],
+)
 def test_eltwise(backend, rng, param, ref):
     xs = list(distinct(rng, (3, 2, 3, 5), low=0.2, high=2.0) * rng.choice([-1, 1], (3, 2, 3, 5)))
     layer, bottoms, tops, (y,) = run(f'type: "Eltwise" {param}', backend, xs)
@@ -86,9 +97,15 @@ def test_eltwise_errors(backend):
 
 
 # -- Flatten / Reshape ------------------------------------------------------------------------------
-@pytest.mark.parametrize("param, shape", [("", (2, 60)), ("flatten_param { axis: 2 }", (2, 3, 20)),
-                                          ("flatten_param { axis: 0 end_axis: 1 }", (6, 4, 5)),
-                                          ("flatten_param { axis: -2 }", (2, 3, 20))])
+@pytest.mark.parametrize(
+    "param, shape",
+    [
+        ("", (2, 60)),
+        ("flatten_param { axis: 2 }", (2, 3, 20)),
+        ("flatten_param { axis: 0 end_axis: 1 }", (6, 4, 5)),
+        ("flatten_param { axis: -2 }", (2, 3, 20)),
+    ],
+)
 def test_flatten(backend, rng, param, shape):
     x = rng.standard_normal((2, 3, 4, 5))
     layer, bottoms, tops, (y,) = run(f'type: "Flatten" {param}', backend, [x])
@@ -96,14 +113,17 @@ def test_flatten(backend, rng, param, shape):
     check_gradient(layer, bottoms, tops, max_per_blob=30)
 
 
-@pytest.mark.parametrize("dims, axis, num_axes, shape", [
-    ("dim: 0 dim: -1", 0, -1, (2, 60)),
-    ("dim: -1 dim: 4", 0, -1, (30, 4)),
-    ("dim: 2 dim: 2", 2, 1, (2, 3, 2, 2, 5)),
-    ("dim: 1", 1, 0, (2, 1, 3, 4, 5)),
-    ("dim: 0 dim: 0 dim: 20", 0, -1, (2, 3, 20)),
-    ("dim: -1", -3, 2, (2, 3, 20)),      # negative axes count from one past the end, as in Caffe
-])
+@pytest.mark.parametrize(
+    "dims, axis, num_axes, shape",
+    [
+        ("dim: 0 dim: -1", 0, -1, (2, 60)),
+        ("dim: -1 dim: 4", 0, -1, (30, 4)),
+        ("dim: 2 dim: 2", 2, 1, (2, 3, 2, 2, 5)),
+        ("dim: 1", 1, 0, (2, 1, 3, 4, 5)),
+        ("dim: 0 dim: 0 dim: 20", 0, -1, (2, 3, 20)),
+        ("dim: -1", -3, 2, (2, 3, 20)),  # negative axes count from one past the end, as in Caffe
+    ],
+)
 def test_reshape(backend, rng, dims, axis, num_axes, shape):
     x = rng.standard_normal((2, 3, 4, 5))
     text = f'type: "Reshape" reshape_param {{ shape {{ {dims} }} axis: {axis} num_axes: {num_axes} }}'
@@ -112,8 +132,15 @@ def test_reshape(backend, rng, dims, axis, num_axes, shape):
     check_gradient(layer, bottoms, tops, max_per_blob=30)
 
 
-@pytest.mark.parametrize("dims, message", [("dim: -1 dim: -1", "more than one -1"), ("dim: 7 dim: -1", "cannot infer"),
-                                           ("dim: 3 dim: 3", "holds 9 values"), ("dim: 0 dim: 0 dim: 0", "no axis 2")])
+@pytest.mark.parametrize(
+    "dims, message",
+    [
+        ("dim: -1 dim: -1", "more than one -1"),
+        ("dim: 7 dim: -1", "cannot infer"),
+        ("dim: 3 dim: 3", "holds 9 values"),
+        ("dim: 0 dim: 0 dim: 0", "no axis 2"),
+    ],
+)
 def test_reshape_errors(backend, dims, message):
     layer = make_layer(f'name: "rs" type: "Reshape" reshape_param {{ shape {{ {dims} }} }}', backend)
     with pytest.raises(LayerError, match="rs.*" + message):
@@ -140,7 +167,9 @@ def test_split(backend, rng):
 
 
 def test_silence(backend, rng):
-    layer, bottoms, tops, _ = run('type: "Silence"', backend, [rng.standard_normal(3), rng.standard_normal(2)], n_tops=0)
+    layer, bottoms, tops, _ = run(
+        'type: "Silence"', backend, [rng.standard_normal(3), rng.standard_normal(2)], n_tops=0
+    )
     bottoms[0].diff[...] = 5
     layer.backward([], [True, False], bottoms)
     assert np.all(host(backend, bottoms[0].diff) == 0)
@@ -193,8 +222,9 @@ def test_python_layer(backend, rng, tmp_path, monkeypatch):
     (tmp_path / "mc_pyloss.py").write_text(PYLOSS)
     monkeypatch.syspath_prepend(str(tmp_path))
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
-    text = ('type: "Python" python_param { module: "mc_pyloss" layer: "EuclideanLossLayer" param_str: "2" } '
-            'loss_weight: 1')
+    text = (
+        'type: "Python" python_param { module: "mc_pyloss" layer: "EuclideanLossLayer" param_str: "2" } loss_weight: 1'
+    )
     layer, bottoms, tops, (loss,) = run(text, backend, [a, b])
     np.testing.assert_allclose(float(loss[0]), 2 * ((a - b) ** 2).sum() / 3 / 2)
     assert layer.impl.param_str == "2" and layer.impl.phase == "TRAIN"

@@ -1,6 +1,7 @@
 """The memory arena: placement invariants, flat parameters, the report, and the poison test:
 every net we ship gives the same losses and gradients when every byte that the plan says is
 dead is overwritten with 0xFF (NaN as float, -1 as int) before every step."""
+
 import os
 
 import numpy as np
@@ -26,8 +27,8 @@ def buf(name, nbytes, intervals):
 def test_disjoint_lifetimes_share_and_overlapping_do_not():
     a, b, c = buf("a", 1000, [(0, 2)]), buf("b", 1000, [(3, 5)]), buf("c", 100, [(2, 3)])
     size = place([a, b, c])
-    assert a.offset == b.offset == 0                   # a and b never live together
-    assert c.offset >= align_up(1000)                  # c meets both
+    assert a.offset == b.offset == 0  # a and b never live together
+    assert c.offset >= align_up(1000)  # c meets both
     assert size == align_up(1000) + align_up(100)
 
 
@@ -35,19 +36,24 @@ def test_persistent_and_unused_buffers():
     p, q = buf("p", 64, None), buf("q", 64, None)
     never = buf("never", 500, [])
     place([p, q, never])
-    assert p.offset != q.offset                        # two persistent buffers never share
-    assert never.offset == 0                           # a buffer nobody uses conflicts with nothing
+    assert p.offset != q.offset  # two persistent buffers never share
+    assert never.offset == 0  # a buffer nobody uses conflicts with nothing
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 9), st.integers(0, 9),
-                          st.booleans()), min_size=1, max_size=25))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 5000), st.integers(0, 9), st.integers(0, 9), st.booleans()), min_size=1, max_size=25
+    )
+)
 def test_random_buffers_never_overlap_while_live(specs):
-    bufs = [buf(f"b{i}", n, None if persistent else [(min(s, e), max(s, e))])
-            for i, (n, s, e, persistent) in enumerate(specs)]
+    bufs = [
+        buf(f"b{i}", n, None if persistent else [(min(s, e), max(s, e))])
+        for i, (n, s, e, persistent) in enumerate(specs)
+    ]
     size = place(bufs)
     for i, x in enumerate(bufs):
-        for y in bufs[i + 1:]:
+        for y in bufs[i + 1 :]:
             if x.overlaps(y):
                 assert x.offset + x.nbytes <= y.offset or y.offset + y.nbytes <= x.offset, (x, y)
     assert size >= peak_bytes(bufs, 10)
@@ -96,8 +102,7 @@ def _reference_then_poisoned(net, iters, recompute):
     """Losses and parameter gradients of ``iters`` iterations, unplanned and then planned with
     poison, from the same data positions; the two lists must be equal."""
     states = {i: l.state_dict() for i, l in enumerate(net.layers) if hasattr(l, "state_dict")}
-    inputs = {n: np.random.default_rng(5).standard_normal(net.blobs[n].shape).astype(np.float32)
-              for n in net.inputs}
+    inputs = {n: np.random.default_rng(5).standard_normal(net.blobs[n].shape).astype(np.float32) for n in net.inputs}
 
     def run(poisoned, plan=None):
         out = []
@@ -161,6 +166,7 @@ def test_poison_catches_a_wrong_lifetime():
     """The harness is not vacuous: claim that MAX pooling's mask dies after forward, and the
     poisoned run differs."""
     from minicaffe.memory import lifetimes
+
     caffe.set_random_seed(1)
     net = caffe.Net(_load("lenet_train_test.prototxt"), caffe.TRAIN)
     saved = lifetimes.KNOWN_SCRATCH["Pooling"]
@@ -175,9 +181,10 @@ def test_poison_catches_a_wrong_lifetime():
 # -- the report ---------------------------------------------------------------------------------
 def test_lenet_report_and_target():
     from minicaffe.solvers import get_solver, load_solver_param
+
     param, _ = load_solver_param(os.path.join(NETS, "lenet_solver.prototxt"))
     param.clear("net")
-    param.net_param = _load("lenet_train_test.prototxt", batch=None)     # Caffe's batch of 64
+    param.net_param = _load("lenet_train_test.prototxt", batch=None)  # Caffe's batch of 64
     param.clear("test_iter")
     param.clear("test_interval")
     sizes = {}
@@ -185,13 +192,21 @@ def test_lenet_report_and_target():
         solver = get_solver(param, log=lambda m: None)
         plan = plan_solver(solver, recompute=recompute)
         text = report_text([("LeNet", plan)], title="LeNet")
-        for word in ("activations", "activation diffs", "layer scratch", "params", "solver history",
-                     "naive total", "planned arena", "peak live"):
+        for word in (
+            "activations",
+            "activation diffs",
+            "layer scratch",
+            "params",
+            "solver history",
+            "naive total",
+            "planned arena",
+            "peak live",
+        ):
             assert word in text
         sizes[recompute] = plan.size / plan.naive
-        solver.step(2)                 # trains from the arena
+        solver.step(2)  # trains from the arena
         assert np.isfinite(solver.smoothed_loss)
-    assert sizes[True] <= 0.6, sizes          # the issue's target, met when convolutions recompute
+    assert sizes[True] <= 0.6, sizes  # the issue's target, met when convolutions recompute
     assert sizes[False] < 0.75, sizes
 
 
@@ -200,5 +215,5 @@ def test_plan_without_a_run_sees_only_setup_scratch():
     net = caffe.Net(_load("lenet_train_test.prototxt"), caffe.TRAIN)
     plan = plan_net(net, run_first=False)
     names = {b.name for b in plan.buffers}
-    assert "pool1:_mask" in names                  # allocated by reshape, at setup
-    assert "conv1:_col" not in names               # allocated by the first forward
+    assert "pool1:_mask" in names  # allocated by reshape, at setup
+    assert "conv1:_col" not in names  # allocated by the first forward

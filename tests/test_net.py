@@ -1,4 +1,5 @@
 """Net: graph construction (phases, splits, in-place, sharing, pruning) and the pycaffe API."""
+
 import os
 
 import numpy as np
@@ -77,7 +78,9 @@ def test_forward_kwargs_and_shape_error(rng):
     data = rng.standard_normal((2, 3, 5, 5)).astype(np.float32)
     out = net.forward(data=data, label=np.array([0, 1], np.float32))
     assert set(out) == {"loss", "acc"}
-    with pytest.raises(NetError, match=r"blob 'data' has shape \(2, 3, 5, 5\) but the array given has shape \(1, 3, 5, 5\)"):
+    with pytest.raises(
+        NetError, match=r"blob 'data' has shape \(2, 3, 5, 5\) but the array given has shape \(1, 3, 5, 5\)"
+    ):
         net.forward(data=data[:1])
     with pytest.raises(NetError, match="did you mean 'data'"):
         net.forward(dta=data)
@@ -112,11 +115,14 @@ def test_force_backward_and_pruning(rng):
     assert set(diffs) == {"data", "label"}
     assert np.abs(diffs["data"]).sum() > 0
     loss_i = net._layer_names.index("loss")
-    assert net.bottom_need_backward[loss_i] == [True, False]   # labels never get a gradient
+    assert net.bottom_need_backward[loss_i] == [True, False]  # labels never get a gradient
 
 
 def test_layer_not_under_loss_is_pruned():
-    text = TINY + 'layer { name: "side" type: "InnerProduct" bottom: "conv" top: "side" inner_product_param { num_output: 2 } }'
+    text = (
+        TINY
+        + 'layer { name: "side" type: "InnerProduct" bottom: "conv" top: "side" inner_product_param { num_output: 2 } }'
+    )
     net = make(text, caffe.TRAIN)
     assert not net.layer_need_backward[net._layer_names.index("side")]
     assert net.layer_need_backward[net._layer_names.index("ip")]
@@ -144,8 +150,10 @@ def test_include_exclude_levels_and_stages():
     n = make(text, caffe.TEST, stages=["deploy"], level=1)
     assert {"a", "c"} <= set(n.layer_dict) and not {"b", "d"} & set(n.layer_dict)
     with pytest.raises(NetError, match="both include and exclude"):
-        make('input: "x" input_shape { dim: 1 } layer { name: "a" type: "ReLU" bottom: "x" top: "a" '
-             'include { phase: TEST } exclude { phase: TRAIN } }')
+        make(
+            'input: "x" input_shape { dim: 1 } layer { name: "a" type: "ReLU" bottom: "x" top: "a" '
+            "include { phase: TEST } exclude { phase: TRAIN } }"
+        )
 
 
 def test_shared_parameters_share_data_and_sum_gradients(rng):
@@ -159,8 +167,10 @@ def test_shared_parameters_share_data_and_sum_gradients(rng):
     layer { name: "loss" type: "EuclideanLoss" bottom: "s" bottom: "x2" top: "loss" }
     input: "x2" input_shape { dim: 3 dim: 2 }
     """
-    text = text.replace('input: "x" input_shape { dim: 3 dim: 4 }',
-                        'input: "x" input_shape { dim: 3 dim: 4 } input: "x2" input_shape { dim: 3 dim: 2 }')
+    text = text.replace(
+        'input: "x" input_shape { dim: 3 dim: 4 }',
+        'input: "x" input_shape { dim: 3 dim: 4 } input: "x2" input_shape { dim: 3 dim: 2 }',
+    )
     text = text.replace('    input: "x2" input_shape { dim: 3 dim: 2 }\n', "")
     net = make(text, caffe.TRAIN)
     wa, wb = net.params["fa"][0], net.params["fb"][0]
@@ -191,14 +201,20 @@ def test_shared_parameter_shape_mismatch_names_layer():
 
 
 def test_missing_bottom_and_duplicate_top_errors():
-    with pytest.raises(LayerError, match=r"layer 'r' \(type ReLU\): bottom blob 'dat' is not produced.*did you mean 'data'"):
+    with pytest.raises(
+        LayerError, match=r"layer 'r' \(type ReLU\): bottom blob 'dat' is not produced.*did you mean 'data'"
+    ):
         make('input: "data" input_shape { dim: 1 } layer { name: "r" type: "ReLU" bottom: "dat" top: "r" }')
     with pytest.raises(LayerError, match="top blob 'data' is produced by an earlier layer"):
-        make('input: "data" input_shape { dim: 1 } input: "y" input_shape { dim: 1 } '
-             'layer { name: "r" type: "ReLU" bottom: "y" top: "data" }')
+        make(
+            'input: "data" input_shape { dim: 1 } input: "y" input_shape { dim: 1 } '
+            'layer { name: "r" type: "ReLU" bottom: "y" top: "data" }'
+        )
     # two layers of one name are allowed, as in Caffe; lookups by name see the last one
-    net = make('input: "data" input_shape { dim: 1 } layer { name: "r" type: "ReLU" bottom: "data" top: "a" } '
-               'layer { name: "r" type: "ReLU" bottom: "a" top: "b" }')
+    net = make(
+        'input: "data" input_shape { dim: 1 } layer { name: "r" type: "ReLU" bottom: "data" top: "a" } '
+        'layer { name: "r" type: "ReLU" bottom: "a" top: "b" }'
+    )
     assert net.duplicate_layer_names == ["r"] and net.layer_dict["r"] is net.layers[-1]
 
 
@@ -209,8 +225,10 @@ def test_unknown_layer_type_did_you_mean():
 
 def test_shape_error_names_layer_and_shapes():
     with pytest.raises(LayerError) as info:
-        make('input: "a" input_shape { dim: 2 dim: 3 } input: "b" input_shape { dim: 2 dim: 4 } '
-             'layer { name: "e" type: "Eltwise" bottom: "a" bottom: "b" top: "c" }')
+        make(
+            'input: "a" input_shape { dim: 2 dim: 3 } input: "b" input_shape { dim: 2 dim: 4 } '
+            'layer { name: "e" type: "Eltwise" bottom: "a" bottom: "b" top: "c" }'
+        )
     msg = str(info.value).replace(" ", "")
     assert "'e'" in msg and "(2,3)" in msg and "(2,4)" in msg
 
@@ -249,7 +267,9 @@ def test_copy_from_shape_mismatch_changes_nothing(tmp_path):
     a.save(path)
     other = make(TINY.replace("num_output: 3", "num_output: 5"), caffe.TEST)
     before = other.params["conv"][0].data.copy()
-    with pytest.raises(WeightsError, match=r"layer 'ip' blob 0: the file has shape \(3, 100\) but the net expects \(5, 100\)"):
+    with pytest.raises(
+        WeightsError, match=r"layer 'ip' blob 0: the file has shape \(3, 100\) but the net expects \(5, 100\)"
+    ):
         other.copy_from(path)
     np.testing.assert_array_equal(other.params["conv"][0].data, before)
     with pytest.raises(WeightsError, match="not found"):
@@ -339,6 +359,7 @@ def test_whole_net_gradient_float64(rng):
 def test_shipped_nets_load_with_synthetic_data(name, rng, monkeypatch):
     """Our nets/ definitions build in both phases and run forward/backward (data from a registered set)."""
     from minicaffe import data
+
     path = os.path.join(NETS, f"{name}.prototxt")
     if name == "lenet":
         net = caffe.Net(path, caffe.TEST)
@@ -362,6 +383,7 @@ def test_shipped_nets_load_with_synthetic_data(name, rng, monkeypatch):
 
 def test_pycaffe_io_helpers(rng):
     from minicaffe import io
+
     mean = rng.random((3, 4, 5)).astype(np.float32)
     blob = proto.decode(proto.encode(io.array_to_blobproto(mean)), "BlobProto")
     np.testing.assert_array_equal(io.blobproto_to_array(blob), mean)

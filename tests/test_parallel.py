@@ -1,6 +1,7 @@
 """The SingleCaffe runtime, in process: N workers under BSP equal one thread on the whole batch;
 SSP keeps its staleness bound; snapshots and resume are exact; a failing worker and Ctrl-C stop
 every thread cleanly; replicas share one parameter vector."""
+
 import os
 import signal
 import threading
@@ -40,8 +41,9 @@ def dataset():
 
 
 def make_solver(tmp_path, batch=12, log=None, **fields):
-    param = proto.Message("SolverParameter", base_lr=0.05, momentum=0.9, weight_decay=0.001,
-                          lr_policy="fixed", random_seed=5, display=0)
+    param = proto.Message(
+        "SolverParameter", base_lr=0.05, momentum=0.9, weight_decay=0.001, lr_policy="fixed", random_seed=5, display=0
+    )
     param.net_param = proto.parse(NET.replace("BATCH", str(batch)), "NetParameter")
     param.snapshot_prefix = str(tmp_path / "snap")
     param.snapshot_after_train = False
@@ -77,7 +79,7 @@ def test_bsp_equals_one_thread_on_the_whole_batch(tmp_path, n):
     trainer = ParallelTrainer(par, n)
     trainer.step(6)
     assert par.iter == 6
-    if n == 1:                          # the same sums in the same order: bit-exact
+    if n == 1:  # the same sums in the same order: bit-exact
         for x, y in zip(params_of(serial), params_of(par)):
             np.testing.assert_array_equal(x, y)
     assert_params_close(params_of(serial), params_of(par))
@@ -87,13 +89,13 @@ def test_bsp_equals_one_thread_on_the_whole_batch(tmp_path, n):
 
 def test_bsp_equivalence_lenet_with_momentum_and_decay(tmp_path):
     """LeNet, Caffe's solver settings, a registered deterministic data set: 2 workers == 1."""
-    from minicaffe.parallel import with_synthetic_data
     from minicaffe.solvers import load_solver_param
+
     nets = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nets")
     rng = np.random.default_rng(3)
-    data.register_dataset("par_mnist", rng.integers(0, 256, (256, 1, 28, 28), dtype=np.uint8),
-                          rng.integers(0, 10, 256))
+    data.register_dataset("par_mnist", rng.integers(0, 256, (256, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 256))
     try:
+
         def make():
             param, _ = load_solver_param(os.path.join(nets, "lenet_solver.prototxt"))
             netp = proto.parse_file(os.path.join(nets, "lenet_train_test.prototxt"), "NetParameter")
@@ -108,6 +110,7 @@ def test_bsp_equivalence_lenet_with_momentum_and_decay(tmp_path):
             param.snapshot = 0
             param.snapshot_after_train = False
             return get_solver(param, log=lambda m: None)
+
         serial, par = make(), make()
         serial.step(4)
         ParallelTrainer(par, 2).step(4)
@@ -150,7 +153,7 @@ def test_replicas_share_one_parameter_vector_and_own_their_gradients(tmp_path):
     trainer = ParallelTrainer(par, 3)
     for rep in trainer.replicas:
         for p, q in zip(rep.learnable_params, par.net.learnable_params):
-            assert np.shares_memory(p.data, q.data)           # one copy of the parameters
+            assert np.shares_memory(p.data, q.data)  # one copy of the parameters
             assert not np.shares_memory(p.diff, q.diff)
     for i in range(3):
         for j in range(i + 1, 3):
@@ -162,11 +165,12 @@ def test_replicas_share_one_parameter_vector_and_own_their_gradients(tmp_path):
     s = trainer.memory_summary()
     assert s["planned"] < s["naive"]
     P = sum(p.count for p in par.net.learnable_params) * 4
-    assert s["categories"]["params"] == 4 * P            # naive: server net + 3 replicas, each its own
+    assert s["categories"]["params"] == 4 * P  # naive: server net + 3 replicas, each its own
 
 
 def _record(path):
     import json
+
     return json.loads(bytes(np.load(path)["record"]).decode())
 
 
@@ -206,7 +210,7 @@ def test_serial_training_continues_after_a_parallel_run(tmp_path):
     b.step(2)
     assert_params_close(params_of(a), params_of(b))
     c = make_solver(tmp_path)
-    ParallelTrainer(c, 2, staleness=3).step(2)        # fetched 3 batches ahead
+    ParallelTrainer(c, 2, staleness=3).step(2)  # fetched 3 batches ahead
     assert c.net.layers[0].state_dict()["index"] == 2 * 12
 
 
@@ -221,6 +225,7 @@ def test_worker_error_stops_the_run_and_keeps_the_last_snapshot(tmp_path):
         if len(calls) == 4:
             raise RuntimeError("disk on fire")
         forward(bottom, top)
+
     layer.forward = failing
     with pytest.raises(WorkerError) as info:
         trainer.solve()

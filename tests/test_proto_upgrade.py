@@ -1,11 +1,12 @@
 """Upgrading legacy nets (V1 layers, data transformations, input_dim) and solvers."""
+
 import numpy as np
 import pytest
 
 from minicaffe.errors import PrototxtError
 from minicaffe.proto import decode, encode, parse, to_text, upgrade_net, upgrade_solver
-from minicaffe.proto.upgrade import V1_LAYER_TYPES
 from minicaffe.proto.schema import ENUMS
+from minicaffe.proto.upgrade import V1_LAYER_TYPES
 
 LEGACY = """\
 name: "LegacyNet"
@@ -116,7 +117,7 @@ def test_v1_net_upgrades_to_the_modern_form():
     upgraded = upgrade_net(legacy)
     expected = parse(MODERN)
     assert upgraded == expected, to_text(upgraded)
-    assert legacy.has("layers") and not legacy.has("layer")      # the input is untouched
+    assert legacy.has("layers") and not legacy.has("layer")  # the input is untouched
     # errors about an upgraded layer still point into the legacy file
     assert upgraded.layer[1].loc() == ("legacy.prototxt", 23, 1)
 
@@ -144,11 +145,13 @@ def test_v1_caffemodel_blobs_carry_over():
 
 
 def test_image_and_window_data_transform_params_move():
-    net = upgrade_net(parse("""
+    net = upgrade_net(
+        parse("""
         layers { name: "img" type: IMAGE_DATA image_data_param { source: "l.txt" mirror: false
                                                                  new_height: 256 } }
         layers { name: "win" type: WINDOW_DATA window_data_param { crop_size: 227 scale: 2 } }
-    """))
+    """)
+    )
     img, win = net.layer
     assert img.transform_param.has("mirror") and img.transform_param.mirror is False
     assert not img.image_data_param.has("mirror") and img.image_data_param.new_height == 256
@@ -160,17 +163,21 @@ def test_input_dim_needs_four_per_input():
     net = upgrade_net(parse("input: 'a' input: 'b' input_dim: [1, 2, 3, 4, 5, 6, 7, 8]"))
     assert [list(s.dim) for s in net.input_shape] == [[1, 2, 3, 4], [5, 6, 7, 8]]
     assert not net.has("input_dim")
-    with pytest.raises(PrototxtError, match=r"x.prototxt:1:12: the net has 1 input\(s\) and 3 "
-                                            r"input_dim values"):
-        upgrade_net(parse("input: 'a' input_dim: 1 input_dim: 2 input_dim: 3",
-                          filename="x.prototxt"))
+    with pytest.raises(
+        PrototxtError,
+        match=r"x.prototxt:1:12: the net has 1 input\(s\) and 3 "
+        r"input_dim values",
+    ):
+        upgrade_net(parse("input: 'a' input_dim: 1 input_dim: 2 input_dim: 3", filename="x.prototxt"))
 
 
 def test_mixing_layer_and_layers_is_an_error():
-    with pytest.raises(PrototxtError, match=r"mix.prototxt:2:1: the net mixes 'layer' .* and "
-                                            r"'layers'"):
-        upgrade_net(parse('layer { name: "a" type: "ReLU" }\nlayers { name: "b" type: RELU }',
-                          filename="mix.prototxt"))
+    with pytest.raises(
+        PrototxtError,
+        match=r"mix.prototxt:2:1: the net mixes 'layer' .* and "
+        r"'layers'",
+    ):
+        upgrade_net(parse('layer { name: "a" type: "ReLU" }\nlayers { name: "b" type: RELU }', filename="mix.prototxt"))
 
 
 def test_v0_layers_are_refused_with_an_explanation():
@@ -179,14 +186,23 @@ def test_v0_layers_are_refused_with_an_explanation():
 
 
 def test_batch_norm_params_are_frozen():
-    net = upgrade_net(parse('layer { name: "bn" type: "BatchNorm" param { lr_mult: 1 } '
-                            'param { lr_mult: 1 } param { lr_mult: 1 } }'))
+    net = upgrade_net(
+        parse('layer { name: "bn" type: "BatchNorm" param { lr_mult: 1 } param { lr_mult: 1 } param { lr_mult: 1 } }')
+    )
     assert [(p.lr_mult, p.decay_mult) for p in net.layer[0].param] == [(0, 0)] * 3
 
 
-@pytest.mark.parametrize("old, new", [("SGD", "SGD"), ("NESTEROV", "Nesterov"),
-                                      ("ADAGRAD", "AdaGrad"), ("RMSPROP", "RMSProp"),
-                                      ("ADADELTA", "AdaDelta"), ("ADAM", "Adam")])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("SGD", "SGD"),
+        ("NESTEROV", "Nesterov"),
+        ("ADAGRAD", "AdaGrad"),
+        ("RMSPROP", "RMSProp"),
+        ("ADADELTA", "AdaDelta"),
+        ("ADAM", "Adam"),
+    ],
+)
 def test_solver_type_enum_becomes_type_string(old, new):
     solver = upgrade_solver(parse(f"base_lr: 0.01 solver_type: {old}", "SolverParameter"))
     assert solver.type == new and not solver.has("solver_type")
@@ -195,7 +211,6 @@ def test_solver_type_enum_becomes_type_string(old, new):
 
 def test_solver_with_both_types_is_an_error():
     with pytest.raises(PrototxtError, match=r"s.prototxt:1:1: the solver gives both solver_type"):
-        upgrade_solver(parse('solver_type: ADAM type: "Adam"', "SolverParameter",
-                             filename="s.prototxt"))
+        upgrade_solver(parse('solver_type: ADAM type: "Adam"', "SolverParameter", filename="s.prototxt"))
     current = parse('type: "Adam"', "SolverParameter")
     assert upgrade_solver(current) == current

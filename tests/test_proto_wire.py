@@ -1,4 +1,5 @@
 """The binary wire format (caffemodel), and random messages through text and wire."""
+
 import struct
 import time
 
@@ -37,22 +38,22 @@ def test_scalars_encode_to_known_bytes():
 
 
 def test_negative_ints_round_trip():
-    msg = Message("NetParameter", input_dim=[-1, 0, 2**31 - 1, -2**31])
+    msg = Message("NetParameter", input_dim=[-1, 0, 2**31 - 1, -(2**31)])
     msg.state.level = -7
-    solver = Message("SolverParameter", random_seed=-2**63, device_id=-5)
+    solver = Message("SolverParameter", random_seed=-(2**63), device_id=-5)
     assert decode(encode(msg)) == msg
     assert decode(encode(solver), "SolverParameter") == solver
-    assert decode(encode(solver), "SolverParameter").random_seed == -2**63
+    assert decode(encode(solver), "SolverParameter").random_seed == -(2**63)
 
 
 def test_packed_and_unpacked_are_both_accepted():
-    packed = b"\x0a\x03\x02\xac\x02"                  # dim: [2, 300] packed
-    unpacked = b"\x08\x02\x08\xac\x02"                 # the same, one record each
+    packed = b"\x0a\x03\x02\xac\x02"  # dim: [2, 300] packed
+    unpacked = b"\x08\x02\x08\xac\x02"  # the same, one record each
     assert decode(packed, "BlobShape").dim == [2, 300]
     assert decode(unpacked, "BlobShape").dim == [2, 300]
     assert decode(packed + unpacked, "BlobShape").dim == [2, 300, 2, 300]
     floats = np.array([1.5, -2.0, 3.25], np.float32)
-    packed_f = b"\x2a\x0c" + floats.tobytes()          # BlobProto.data, field 5
+    packed_f = b"\x2a\x0c" + floats.tobytes()  # BlobProto.data, field 5
     unpacked_f = b"".join(b"\x2d" + struct.pack("<f", v) for v in floats)
     for data in (packed_f, unpacked_f):
         blob = decode(data, "BlobProto")
@@ -69,10 +70,16 @@ def test_packed_and_unpacked_are_both_accepted():
 
 def test_unknown_fields_are_skipped():
     known = encode(Message("FillerParameter", type="gaussian", std=0.01))
-    junk = (encode_varint(99 << 3 | 0) + encode_varint(12345)             # varint
-            + encode_varint(98 << 3 | 1) + b"\x00" * 8                     # 64-bit
-            + encode_varint(97 << 3 | 2) + b"\x03abc"                      # length-delimited
-            + encode_varint(96 << 3 | 5) + b"\x00" * 4)                    # 32-bit
+    junk = (
+        encode_varint(99 << 3 | 0)
+        + encode_varint(12345)  # varint
+        + encode_varint(98 << 3 | 1)
+        + b"\x00" * 8  # 64-bit
+        + encode_varint(97 << 3 | 2)
+        + b"\x03abc"  # length-delimited
+        + encode_varint(96 << 3 | 5)
+        + b"\x00" * 4
+    )  # 32-bit
     assert decode(junk + known + junk, "FillerParameter") == decode(known, "FillerParameter")
 
 
@@ -109,10 +116,9 @@ def test_hand_built_caffemodel_round_trips(rng):
     w = back.layer[0].blobs[0]
     assert w.shape.dim == [4, 3, 3, 3]
     assert isinstance(w.data, np.ndarray) and w.data.dtype == np.float32
-    np.testing.assert_array_equal(w.data.reshape(4, 3, 3, 3),
-                                  net.layer[0].blobs[0].data.reshape(4, 3, 3, 3))
+    np.testing.assert_array_equal(w.data.reshape(4, 3, 3, 3), net.layer[0].blobs[0].data.reshape(4, 3, 3, 3))
     assert encode(back) == data
-    assert back.loc() is None                      # no text positions for binary input
+    assert back.loc() is None  # no text positions for binary input
 
 
 def test_legacy_v1_caffemodel_decodes(rng):
@@ -136,17 +142,19 @@ def test_large_float_blob_decodes_fast_without_copy():
     back = decode(data, "BlobProto")
     elapsed = time.perf_counter() - start
     assert elapsed < 0.5, f"decoding 60 MB took {elapsed:.2f} s"
-    assert np.shares_memory(back.data, np.frombuffer(data, np.uint8))   # a view of the input
+    assert np.shares_memory(back.data, np.frombuffer(data, np.uint8))  # a view of the input
     np.testing.assert_array_equal(back.data, values)
 
 
-@pytest.mark.parametrize("cut, words", [
-    (1, "truncated input: a varint runs past the end of its message (at byte offset 1)"),
-    (3, "truncated input: field 1 ('name') of NetParameter needs 4 bytes but only 1 remain "
-        "(at byte offset 0)"),
-    (12, "truncated input: field 100 ('layer') of NetParameter needs"),
-    (-1, "truncated input:"),
-])
+@pytest.mark.parametrize(
+    "cut, words",
+    [
+        (1, "truncated input: a varint runs past the end of its message (at byte offset 1)"),
+        (3, "truncated input: field 1 ('name') of NetParameter needs 4 bytes but only 1 remain (at byte offset 0)"),
+        (12, "truncated input: field 100 ('layer') of NetParameter needs"),
+        (-1, "truncated input:"),
+    ],
+)
 def test_truncated_input_names_the_byte_offset(rng, cut, words):
     data = encode(make_caffemodel_net(rng))
     with pytest.raises(PrototxtError) as info:
@@ -161,9 +169,12 @@ def test_corrupted_input_errors():
         decode(b"\x00\x01")
     with pytest.raises(PrototxtError, match=r"wire type 7 \(invalid\)"):
         decode(b"\x0f")
-    with pytest.raises(PrototxtError, match=r"field 'name' \(1\) of NetParameter is string "
-                                            r"\(wire type LEN\) but is stored with wire type "
-                                            r"VARINT \(at byte offset 0\)"):
+    with pytest.raises(
+        PrototxtError,
+        match=r"field 'name' \(1\) of NetParameter is string "
+        r"\(wire type LEN\) but is stored with wire type "
+        r"VARINT \(at byte offset 0\)",
+    ):
         decode(b"\x08\x01")
     with pytest.raises(PrototxtError, match="not a multiple of 4"):
         decode(b"\x2a\x03abc", "BlobProto")
@@ -172,6 +183,7 @@ def test_corrupted_input_errors():
 
 
 # ---- random messages through text and wire ---------------------------------------------------
+
 
 def scalar_values(field):
     t = field.type
@@ -197,8 +209,7 @@ def messages(draw, type_name, depth=2):
     fields = desc.fields
     if depth <= 0:
         fields = [f for f in fields if f.kind != "message"]
-    chosen = draw(st.lists(st.sampled_from(fields), max_size=4, unique_by=lambda f: f.name)) \
-        if fields else []
+    chosen = draw(st.lists(st.sampled_from(fields), max_size=4, unique_by=lambda f: f.name)) if fields else []
     msg = Message(type_name)
     for field in chosen:
         if field.kind == "message":
@@ -212,8 +223,16 @@ def messages(draw, type_name, depth=2):
     return msg
 
 
-TYPES = ["NetParameter", "LayerParameter", "SolverParameter", "BlobProto", "V1LayerParameter",
-         "ConvolutionParameter", "Datum", "FillerParameter"]
+TYPES = [
+    "NetParameter",
+    "LayerParameter",
+    "SolverParameter",
+    "BlobProto",
+    "V1LayerParameter",
+    "ConvolutionParameter",
+    "Datum",
+    "FillerParameter",
+]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,5 +1,6 @@
 """Solvers: lr policies, every update rule against a float64 numpy reference, iter_size,
 gradient clipping, snapshots and a bit-exact resume, and the errors users hit."""
+
 import os
 
 import numpy as np
@@ -47,14 +48,17 @@ def solver_param(tmp_path, batch=8, **fields):
 
 
 # -- lr policies ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("policy, fields, it, expected", [
-    ("fixed", {}, 50, 0.1),
-    ("step", {"gamma": 0.5, "stepsize": 10}, 25, 0.1 * 0.25),
-    ("exp", {"gamma": 0.99}, 7, 0.1 * 0.99 ** 7),
-    ("inv", {"gamma": 1e-4, "power": 0.75}, 1000, 0.1 * (1 + 1e-4 * 1000) ** -0.75),
-    ("poly", {"power": 2.0, "max_iter": 100}, 30, 0.1 * (1 - 0.3) ** 2),
-    ("sigmoid", {"gamma": -0.1, "stepsize": 20}, 25, 0.1 / (1 + np.exp(0.1 * 5))),
-])
+@pytest.mark.parametrize(
+    "policy, fields, it, expected",
+    [
+        ("fixed", {}, 50, 0.1),
+        ("step", {"gamma": 0.5, "stepsize": 10}, 25, 0.1 * 0.25),
+        ("exp", {"gamma": 0.99}, 7, 0.1 * 0.99**7),
+        ("inv", {"gamma": 1e-4, "power": 0.75}, 1000, 0.1 * (1 + 1e-4 * 1000) ** -0.75),
+        ("poly", {"power": 2.0, "max_iter": 100}, 30, 0.1 * (1 - 0.3) ** 2),
+        ("sigmoid", {"gamma": -0.1, "stepsize": 20}, 25, 0.1 / (1 + np.exp(0.1 * 5))),
+    ],
+)
 def test_lr_policies(policy, fields, it, expected):
     p = proto.Message("SolverParameter", base_lr=0.1, lr_policy=policy, **fields)
     lr_policy.check(p)
@@ -62,8 +66,9 @@ def test_lr_policies(policy, fields, it, expected):
 
 
 def test_multistep_advances_through_the_solver(tmp_path):
-    s = caffe.SGDSolver(solver_param(tmp_path, lr_policy='"multistep"', gamma=0.1,
-                                     stepvalue="3\nstepvalue: 5"), log=lambda m: None)
+    s = caffe.SGDSolver(
+        solver_param(tmp_path, lr_policy='"multistep"', gamma=0.1, stepvalue="3\nstepvalue: 5"), log=lambda m: None
+    )
     rates = []
     for _ in range(7):
         rates.append(s.learning_rate())
@@ -109,7 +114,7 @@ def reference_rule(kind, p, w, g, state, lr, it):
         a = b1 * state.get("a", np.zeros_like(w)) + (1 - b1) * g
         b = b2 * state.get("b", np.zeros_like(w)) + (1 - b2) * g * g
         state["a"], state["b"] = a, b
-        return w - lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t) * a / (np.sqrt(b) + delta)
+        return w - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * a / (np.sqrt(b) + delta)
     raise AssertionError(kind)
 
 
@@ -130,7 +135,7 @@ def test_update_rule_matches_reference(kind, tmp_path):
     assert solver.type == kind
     net = solver.net
     p = solver.param
-    ref = caffe.Net(solver.net_path, caffe.TRAIN)       # computes gradients at the reference weights
+    ref = caffe.Net(solver.net_path, caffe.TRAIN)  # computes gradients at the reference weights
     weights = [b.data.astype(np.float64) for b in net.learnable_params]
     states = [dict() for _ in weights]
     for it in range(3):

@@ -1,4 +1,5 @@
 """The command-line tools, run in-process on a tiny net with a registered dataset."""
+
 import json
 import os
 
@@ -26,12 +27,13 @@ def solver_file(tmp_path):
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, size=24)
     images = rng.integers(0, 30, size=(24, 1, 4, 4)).astype(np.uint8)
-    images[np.arange(24), 0, 0, labels] = 255          # class k lights pixel (0, k): easy to learn
+    images[np.arange(24), 0, 0, labels] = 255  # class k lights pixel (0, k): easy to learn
     data.register_dataset("tool_set", images, labels)
     (tmp_path / "net.prototxt").write_text(NET)
     (tmp_path / "solver.prototxt").write_text(
         'net: "net.prototxt"\ntest_iter: 2\ntest_interval: 5\nbase_lr: 0.5\nmomentum: 0.9\n'
-        'lr_policy: "fixed"\ndisplay: 5\nmax_iter: 10\nsnapshot: 5\nsnapshot_prefix: "toy"\nrandom_seed: 4\n')
+        'lr_policy: "fixed"\ndisplay: 5\nmax_iter: 10\nsnapshot: 5\nsnapshot_prefix: "toy"\nrandom_seed: 4\n'
+    )
     yield str(tmp_path / "solver.prototxt")
     data.unregister_dataset("tool_set")
 
@@ -40,8 +42,14 @@ def test_train_writes_snapshots_log_and_curves(solver_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main([solver_file, "--output", str(out)]) == 0
     files = set(os.listdir(out))
-    assert {"toy_iter_5.caffemodel", "toy_iter_5.solverstate", "toy_iter_10.caffemodel",
-            "toy_iter_10.solverstate", "train_log.json", "curves.png"} <= files
+    assert {
+        "toy_iter_5.caffemodel",
+        "toy_iter_5.solverstate",
+        "toy_iter_10.caffemodel",
+        "toy_iter_10.solverstate",
+        "train_log.json",
+        "curves.png",
+    } <= files
     log = json.loads((out / "train_log.json").read_text())
     assert log["train"]["iter"] == list(range(10))
     assert [t["iter"] for t in log["test"]] == [0, 5, 10]
@@ -56,13 +64,16 @@ def test_resume_continues_exactly(solver_file, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     assert train.main([solver_file, "--output", str(full), "--no-plot"]) == 0
     assert train.main([solver_file, "--output", str(part), "--iters", "5", "--no-plot"]) == 0
-    assert train.main([solver_file, "--output", str(part), "--resume", str(part / "toy_iter_5.solverstate"),
-                       "--no-plot"]) == 0
+    assert (
+        train.main([solver_file, "--output", str(part), "--resume", str(part / "toy_iter_5.solverstate"), "--no-plot"])
+        == 0
+    )
     a = json.loads((full / "train_log.json").read_text())["train"]
     b = json.loads((part / "train_log.json").read_text())["train"]
     assert b["iter"] == list(range(5, 10))
     assert b["loss"] == a["loss"][5:]
     from minicaffe.io import read_weight_arrays
+
     for layer, blobs in read_weight_arrays(str(full / "toy_iter_10.caffemodel")).items():
         for x, y in zip(blobs, read_weight_arrays(str(part / "toy_iter_10.caffemodel"))[layer]):
             np.testing.assert_array_equal(x, y)

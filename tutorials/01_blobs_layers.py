@@ -4,6 +4,7 @@ A Blob is a pair of arrays of one shape: ``data`` (values going forward) and ``d
 coming back). A Layer reads its bottom blobs and writes its top blobs in ``forward``, and in
 ``backward`` turns the tops' diffs into the bottoms' diffs (and its parameters' diffs).
 """
+
 import numpy as np
 
 import minicaffe as caffe
@@ -20,13 +21,16 @@ print("blob", x.name, "shape", x.shape, "count", x.count)
 
 # -- 2. a layer from its prototxt text ---------------------------------------------------------
 # Every layer is built from a LayerParameter message: the same text you would write in a net.
-param = proto.parse("""
+param = proto.parse(
+    """
     name: "conv"  type: "Convolution"
     convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } }
-""", "LayerParameter")
+""",
+    "LayerParameter",
+)
 conv = create_layer(param, caffe.backend.get("cpu"))
 y = Blob(name="y")
-conv.setup([x], [y])                        # check arity -> read params, make weights -> reshape
+conv.setup([x], [y])  # check arity -> read params, make weights -> reshape
 print("conv weights", conv.blobs[0].shape, "bias", conv.blobs[1].shape, "-> top", y.shape)
 
 conv.forward([x], [y])
@@ -41,7 +45,7 @@ assert np.isclose(y.data[1, 2, 0, 1], by_hand, rtol=1e-5, atol=1e-6)
 # Take the objective L = sum(y * g) for a fixed random g: then dL/dy = g.
 g = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
 y.diff[...] = g
-conv.blobs[0].diff[...] = 0                 # parameter diffs accumulate (the solver clears them)
+conv.blobs[0].diff[...] = 0  # parameter diffs accumulate (the solver clears them)
 conv.backward([y], [True], [x])
 analytic = x.diff[0, 1, 2, 2]
 

@@ -5,6 +5,7 @@ bottom to the blob an earlier layer produced, computes in place where a top has 
 name, inserts Split layers where a blob feeds several layers, and decides which layers need
 backward.
 """
+
 import numpy as np
 
 import minicaffe as caffe

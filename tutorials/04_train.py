@@ -4,6 +4,7 @@ A solver prototxt names the net and the optimization: learning rate and its poli
 weight decay, when to test and to snapshot.  ``caffe.get_solver`` builds the training net and
 the test nets; ``step(n)`` trains; snapshots let a run stop and continue exactly.
 """
+
 import os
 import tempfile
 
@@ -46,8 +47,8 @@ again.restore(state)
 resumed = []
 again.on_iteration.append(lambda s, loss, lr: resumed.append(loss))
 again.step(iters - iters // 2)
-print("resumed run repeats the losses exactly:", resumed == losses[iters // 2:])
-assert resumed == losses[iters // 2:]
+print("resumed run repeats the losses exactly:", resumed == losses[iters // 2 :])
+assert resumed == losses[iters // 2 :]
 
 accuracy = again.test(0)["accuracy"] if not QUICK else None
 print("test accuracy:", accuracy)

@@ -21,6 +21,7 @@ Importing a family module imports ``numba.cuda``, which fixes this process's CUD
 real one, or the simulator when ``NUMBA_ENABLE_CUDASIM=1``.  This package never imports
 minicaffe.
 """
+
 import importlib
 import os
 

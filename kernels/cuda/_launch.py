@@ -23,6 +23,7 @@ The launcher also counts host<->device copies (``Transfers``): ``to_host``/``fro
 engine's only sanctioned ways across the bus, and the tests read the counter to prove that a
 training step makes no hidden round trips.
 """
+
 import math
 import threading
 from dataclasses import dataclass, field
@@ -30,9 +31,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import cuda
 
+
 def is_simulator():
     """True when this process's numba.cuda is the CPU simulator (NUMBA_ENABLE_CUDASIM=1)."""
     from numba.core import config
+
     return bool(config.ENABLE_CUDASIM)
 
 
@@ -43,6 +46,7 @@ class Config:
     GEMM's square tile (= block edge); ``regblock``: (BM, BN, BK, TM, TN) of the register-blocked
     GEMM; ``row_threads``: block size of the one-block-per-row reductions (softmax);
     ``gemm_grid``: cap on each grid axis of the 2-d GEMM grids."""
+
     threads: int = 256
     max_blocks: int = 8192
     gemm_tile: int = 16
@@ -56,17 +60,16 @@ GPU_CONFIG = Config()
 #: the simulator's, for the engine (the layer and net tests): as few threads per launch as keep
 #: the same code paths -- two blocks of two threads, tiles smaller than the matrices -- because
 #: each simulated thread is a Python thread, and starting one costs about a millisecond
-SIM_CONFIG = Config(threads=2, max_blocks=2, gemm_tile=4, regblock=(8, 8, 4, 2, 2),
-                    row_threads=2, gemm_grid=2)
+SIM_CONFIG = Config(threads=2, max_blocks=2, gemm_tile=4, regblock=(8, 8, 4, 2, 2), row_threads=2, gemm_grid=2)
 #: a wider simulator configuration for the kernel tests (tests/test_cuda_kernels.py): more
 #: threads per block and a grid that does not divide the work evenly
-SIM_WIDE_CONFIG = Config(threads=8, max_blocks=3, gemm_tile=4, regblock=(8, 8, 4, 2, 2),
-                         row_threads=8, gemm_grid=3)
+SIM_WIDE_CONFIG = Config(threads=8, max_blocks=3, gemm_tile=4, regblock=(8, 8, 4, 2, 2), row_threads=8, gemm_grid=3)
 
 
 @dataclass
 class Transfers:
     """Host<->device copies made through ``to_host`` / ``from_host``: counts and bytes."""
+
     d2h: int = 0
     h2d: int = 0
     d2h_bytes: int = 0
@@ -98,17 +101,21 @@ class Launcher:
         if self.simulator != is_simulator():
             want = "simulator" if self.simulator else "real CUDA target"
             have = "simulator" if is_simulator() else "real CUDA target"
-            raise RuntimeError(f"a {want} launcher was asked for, but this process's numba.cuda is the "
-                               f"{have} (NUMBA_ENABLE_CUDASIM decides it once per process, at the first "
-                               f"import of numba.cuda)")
+            raise RuntimeError(
+                f"a {want} launcher was asked for, but this process's numba.cuda is the "
+                f"{have} (NUMBA_ENABLE_CUDASIM decides it once per process, at the first "
+                f"import of numba.cuda)"
+            )
         self.config = config or (SIM_CONFIG if simulator else GPU_CONFIG)
         self.transfers = Transfers()
         if self.simulator:
             from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
             self.xp = np
             self._fake = FakeCUDAArray
         else:
             import cupy
+
             self.xp = cupy
             self._streams = {}
 
@@ -136,6 +143,7 @@ class Launcher:
         if self.simulator:
             return 0
         import cupy
+
         ptr = cupy.cuda.get_current_stream().ptr
         s = self._streams.get(ptr)
         if s is None:
@@ -148,6 +156,7 @@ class Launcher:
     def synchronize(self):
         if not self.simulator:
             import cupy
+
             cupy.cuda.get_current_stream().synchronize()
 
     # -- the bus ---------------------------------------------------------------------------------
@@ -157,7 +166,7 @@ class Launcher:
         if self.simulator:
             out = np.array(a, copy=True)
         else:
-            out = self.xp.asnumpy(a)      # waits for the stream: the data must be computed first
+            out = self.xp.asnumpy(a)  # waits for the stream: the data must be computed first
         self.transfers._count("d2h", out.nbytes)
         return out
 

@@ -13,6 +13,7 @@ flushed before each (a write of a buffer larger than L2), and the median reporte
 Where there is no GPU (no CuPy, no device, or NUMBA_ENABLE_CUDASIM=1) it says so and exits 0:
 the simulator proves correctness, not speed, and timing it would mislead.
 """
+
 import argparse
 import statistics
 import sys
@@ -22,12 +23,13 @@ import numpy as np
 
 def why_no_gpu():
     import os
+
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0"):
         return "NUMBA_ENABLE_CUDASIM=1: numba's simulator would be timed, which measures nothing about a GPU"
     try:
         import cupy
     except ImportError as e:
-        return f"CuPy is not installed ({e}); pip install -e \".[cuda]\""
+        return f'CuPy is not installed ({e}); pip install -e ".[cuda]"'
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return "CuPy sees no NVIDIA GPU"
@@ -51,7 +53,7 @@ class Timer:
             fn()
         times = []
         for _ in range(self.repeat):
-            self.flush_buf.fill(1.0)                  # evict whatever the last call left in L2
+            self.flush_buf.fill(1.0)  # evict whatever the last call left in L2
             start, end = cp.cuda.Event(), cp.cuda.Event()
             start.record()
             fn()
@@ -80,7 +82,9 @@ def check(ok, what):
 def bench_gemm(L, timer, size):
     cp = L.xp
     from kernels.gemm import gemm_reference
+
     from . import gemm
+
     print(f"gemm  C = A @ B, float32, M = N = K = {size}  (GFLOP/s; ratio to cuBLAS)")
     rng = np.random.default_rng(0)
     sa, sb = rng.standard_normal((67, 45)).astype(np.float32), rng.standard_normal((45, 71)).astype(np.float32)
@@ -88,7 +92,7 @@ def bench_gemm(L, timer, size):
     a = cp.asarray(rng.standard_normal((size, size), dtype=np.float32))
     b = cp.asarray(rng.standard_normal((size, size), dtype=np.float32))
     c = cp.empty((size, size), np.float32)
-    flops = 2.0 * size ** 3
+    flops = 2.0 * size**3
     base = None
     for version, f in gemm.VERSIONS["gemm"].items():
         sc = cp.zeros((67, 71), np.float32)
@@ -103,6 +107,7 @@ def bench_streams(L, timer, size, families):
     """The memory-bound families: GB/s against the device's copy bandwidth."""
     cp = L.xp
     from . import elementwise, im2col, pooling, sgd, softmax
+
     n = size * size * 16
     peak = copy_bandwidth(cp, timer, 4 * n)
     print(f"memory-bound kernels, float32 (GB/s; ratio to a device copy: {peak:.0f} GB/s)")
@@ -128,9 +133,13 @@ def bench_streams(L, timer, size, families):
         xi = cp.asarray(rng.standard_normal((N, C, H, H), dtype=f32))
         col = cp.empty((C * 9, N * H * H), f32)
         for v, f in im2col.VERSIONS["im2col"].items():
-            cases.append(("im2col 3x3 p1", v, (lambda f=f: f(L, xi, 3, 3, 1, 1, 1, 1, 1, 1, col)), xi.nbytes + col.nbytes))
+            cases.append(
+                ("im2col 3x3 p1", v, (lambda f=f: f(L, xi, 3, 3, 1, 1, 1, 1, 1, 1, col)), xi.nbytes + col.nbytes)
+            )
         for v, f in im2col.VERSIONS["col2im"].items():
-            cases.append(("col2im 3x3 p1", v, (lambda f=f: f(L, col, 3, 3, 1, 1, 1, 1, 1, 1, xi)), xi.nbytes + col.nbytes))
+            cases.append(
+                ("col2im 3x3 p1", v, (lambda f=f: f(L, col, 3, 3, 1, 1, 1, 1, 1, 1, xi)), xi.nbytes + col.nbytes)
+            )
     if "pooling" in families:
         N, C, H = 64, 32, 56
         xp_ = cp.asarray(rng.standard_normal((N, C, H, H), dtype=f32))
@@ -138,7 +147,9 @@ def bench_streams(L, timer, size, families):
         mk = cp.empty(yp.shape, np.int32)
         dxp = cp.empty_like(xp_)
         for v, f in pooling.VERSIONS["max_pool_fwd"].items():
-            cases.append(("max_pool 2x2", v, (lambda f=f: f(L, xp_, 2, 2, 2, 2, 0, 0, yp, mk)), xp_.nbytes + 2 * yp.nbytes))
+            cases.append(
+                ("max_pool 2x2", v, (lambda f=f: f(L, xp_, 2, 2, 2, 2, 0, 0, yp, mk)), xp_.nbytes + 2 * yp.nbytes)
+            )
         for v, f in pooling.VERSIONS["ave_pool_bwd"].items():
             cases.append(("ave_pool_bwd", v, (lambda f=f: f(L, yp, 2, 2, 2, 2, 0, 0, dxp)), xp_.nbytes + yp.nbytes))
     if "softmax" in families:
@@ -146,7 +157,9 @@ def bench_streams(L, timer, size, families):
             xs = cp.asarray(rng.standard_normal(shape, dtype=f32))
             ys = cp.empty_like(xs)
             for v, f in softmax.VERSIONS["softmax_fwd"].items():
-                cases.append((f"softmax {shape[1]}x{shape[2]}", v, (lambda f=f, xs=xs, ys=ys: f(L, xs, ys)), 2 * xs.nbytes))
+                cases.append(
+                    (f"softmax {shape[1]}x{shape[2]}", v, (lambda f=f, xs=xs, ys=ys: f(L, xs, ys)), 2 * xs.nbytes)
+                )
     for name, v, fn, nbytes in cases:
         t = timer(fn)
         row(name, v, t, nbytes / t / 1e9, "GB/s", nbytes / t / 1e9 / peak, "of copy")
@@ -156,7 +169,9 @@ def check_small(L):
     """Every non-GEMM version against its reference on a small case, before timing."""
     cp = L.xp
     from kernels.softmax import softmax_fwd_reference
+
     from . import softmax
+
     x = np.random.default_rng(2).standard_normal((7, 13, 3)).astype(np.float32)
     for v, f in softmax.VERSIONS["softmax_fwd"].items():
         y = cp.empty(x.shape, np.float32)
@@ -167,25 +182,35 @@ def check_small(L):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kernels.cuda.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--family", action="append", choices=("gemm", "im2col", "pooling", "softmax", "elementwise", "sgd"),
-                   help="benchmark only these families (repeatable; default all)")
+    p.add_argument(
+        "--family",
+        action="append",
+        choices=("gemm", "im2col", "pooling", "softmax", "elementwise", "sgd"),
+        help="benchmark only these families (repeatable; default all)",
+    )
     p.add_argument("--size", type=int, default=2048, help="GEMM edge; the other shapes scale with it")
     p.add_argument("--repeat", type=int, default=20)
     args = p.parse_args(argv)
     reason = why_no_gpu()
     if reason:
         print(f"kernels.cuda.bench: no GPU benchmark here -- {reason}.")
-        print("The GPU kernels are still tested on this machine, in numba's CUDA simulator "
-              "(pytest tests/test_cuda_kernels.py); the simulator proves correctness, not speed.")
+        print(
+            "The GPU kernels are still tested on this machine, in numba's CUDA simulator "
+            "(pytest tests/test_cuda_kernels.py); the simulator proves correctness, not speed."
+        )
         return 0
     import cupy
     from numba import cuda  # noqa: F401  (the real target: NUMBA_ENABLE_CUDASIM is not set)
+
     from . import _launch
+
     L = _launch.launcher(simulator=False)
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
-    print(f"device: {props['name'].decode()}  (cc {props['major']}.{props['minor']}, "
-          f"{props['multiProcessorCount']} SMs, L2 {dev.attributes.get('L2CacheSize', 0) >> 20} MiB)")
+    print(
+        f"device: {props['name'].decode()}  (cc {props['major']}.{props['minor']}, "
+        f"{props['multiProcessorCount']} SMs, L2 {dev.attributes.get('L2CacheSize', 0) >> 20} MiB)"
+    )
     timer = Timer(cupy, repeat=args.repeat)
     families = args.family or ["gemm", "im2col", "pooling", "softmax", "elementwise", "sgd"]
     check_small(L)

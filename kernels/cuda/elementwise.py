@@ -17,6 +17,7 @@ Versions:
                  Consecutive threads touch consecutive elements on every pass, so each warp's
                  loads and stores coalesce into full 128-byte transactions.  The default.
 """
+
 import math
 
 from numba import cuda
@@ -24,8 +25,7 @@ from numba import cuda
 from .. import _versions
 from ..elementwise import REFERENCES  # noqa: F401  (the float64 references the tests check against)
 
-__all__ = ["relu_fwd", "relu_bwd", "sigmoid_fwd", "sigmoid_bwd", "tanh_fwd", "tanh_bwd",
-           "VERSIONS", "DEFAULTS", "use"]
+__all__ = ["relu_fwd", "relu_bwd", "sigmoid_fwd", "sigmoid_bwd", "tanh_fwd", "tanh_bwd", "VERSIONS", "DEFAULTS", "use"]
 
 
 # -- v1: one thread per element -------------------------------------------------------------------
@@ -151,8 +151,9 @@ def _check(*arrays):
     n = arrays[0].size
     for a in arrays:
         if a.ndim != 1 or a.size != n:
-            raise ValueError(f"elementwise: all arrays must be 1-d of one length, got shapes "
-                             f"{[tuple(b.shape) for b in arrays]}")
+            raise ValueError(
+                f"elementwise: all arrays must be 1-d of one length, got shapes {[tuple(b.shape) for b in arrays]}"
+            )
     return n
 
 
@@ -160,18 +161,22 @@ def _make(name, kernel, grid):
     """The wrapper ``name(L, ...)`` with the CPU contract's arguments; ReLU's slope goes in as a
     scalar of the arrays' dtype."""
     if name == "relu_fwd":
+
         def run(L, x, slope, y):
             if _check(x, y):
                 L.launch(kernel, *grid(L, x.size), x, L.scalar(slope, y.dtype), y)
     elif name == "relu_bwd":
+
         def run(L, x, dy, slope, dx):
             if _check(x, dy, dx):
                 L.launch(kernel, *grid(L, x.size), x, dy, L.scalar(slope, dx.dtype), dx)
     else:
+
         def run(L, a, b, c=None):
             arrays = (a, b) if c is None else (a, b, c)
             if _check(*arrays):
                 L.launch(kernel, *grid(L, a.size), *arrays)
+
     run.__name__ = name
     run.kernel = kernel
     return run
@@ -182,16 +187,31 @@ def _stride_grid(L, n):
 
 
 _KERNELS = {
-    "v1_naive": (_full_grid, {"relu_fwd": _relu_fwd_v1, "relu_bwd": _relu_bwd_v1,
-                              "sigmoid_fwd": _sigmoid_fwd_v1, "sigmoid_bwd": _sigmoid_bwd_v1,
-                              "tanh_fwd": _tanh_fwd_v1, "tanh_bwd": _tanh_bwd_v1}),
-    "v2_gridstride": (_stride_grid, {"relu_fwd": _relu_fwd_v2, "relu_bwd": _relu_bwd_v2,
-                                     "sigmoid_fwd": _sigmoid_fwd_v2, "sigmoid_bwd": _sigmoid_bwd_v2,
-                                     "tanh_fwd": _tanh_fwd_v2, "tanh_bwd": _tanh_bwd_v2}),
+    "v1_naive": (
+        _full_grid,
+        {
+            "relu_fwd": _relu_fwd_v1,
+            "relu_bwd": _relu_bwd_v1,
+            "sigmoid_fwd": _sigmoid_fwd_v1,
+            "sigmoid_bwd": _sigmoid_bwd_v1,
+            "tanh_fwd": _tanh_fwd_v1,
+            "tanh_bwd": _tanh_bwd_v1,
+        },
+    ),
+    "v2_gridstride": (
+        _stride_grid,
+        {
+            "relu_fwd": _relu_fwd_v2,
+            "relu_bwd": _relu_bwd_v2,
+            "sigmoid_fwd": _sigmoid_fwd_v2,
+            "sigmoid_bwd": _sigmoid_bwd_v2,
+            "tanh_fwd": _tanh_fwd_v2,
+            "tanh_bwd": _tanh_bwd_v2,
+        },
+    ),
 }
 _NAMES = ("relu_fwd", "relu_bwd", "sigmoid_fwd", "sigmoid_bwd", "tanh_fwd", "tanh_bwd")
-VERSIONS = {fn: {v: _make(fn, table[fn], grid) for v, (grid, table) in _KERNELS.items()}
-            for fn in _NAMES}
+VERSIONS = {fn: {v: _make(fn, table[fn], grid) for v, (grid, table) in _KERNELS.items()} for fn in _NAMES}
 DEFAULTS = {fn: "v2_gridstride" for fn in _NAMES}
 
 relu_fwd = VERSIONS["relu_fwd"][DEFAULTS["relu_fwd"]]

@@ -26,9 +26,9 @@ Versions (thread mapping in each kernel's docstring):
 Tile sizes are compile-time constants (``make_*`` build one kernel per size, cached), so loops
 over a tile unroll; the simulator runs the same source with small tiles (``_launch.SIM_CONFIG``).
 """
+
 import functools
 
-import numpy as np
 from numba import cuda
 
 from .. import _versions
@@ -40,10 +40,18 @@ __all__ = ["gemm", "VERSIONS", "DEFAULTS", "use", "make_tiled", "make_regblock"]
 def _ops(trans_a, trans_b, a, b, c):
     A = a.T if trans_a else a
     B = b.T if trans_b else b
-    if (A.ndim != 2 or B.ndim != 2 or c.ndim != 2 or A.shape[1] != B.shape[0]
-            or c.shape[0] != A.shape[0] or c.shape[1] != B.shape[1]):
-        raise ValueError(f"gemm: op(a) {tuple(A.shape)} @ op(b) {tuple(B.shape)} does not fit c "
-                         f"{tuple(c.shape)} (trans_a={trans_a}, trans_b={trans_b})")
+    if (
+        A.ndim != 2
+        or B.ndim != 2
+        or c.ndim != 2
+        or A.shape[1] != B.shape[0]
+        or c.shape[0] != A.shape[0]
+        or c.shape[1] != B.shape[1]
+    ):
+        raise ValueError(
+            f"gemm: op(a) {tuple(A.shape)} @ op(b) {tuple(B.shape)} does not fit c "
+            f"{tuple(c.shape)} (trans_a={trans_a}, trans_b={trans_b})"
+        )
     return A, B
 
 
@@ -56,7 +64,7 @@ def gemm_cublas(L, trans_a, trans_b, alpha, a, b, beta, c):
     xp = L.xp
     A, B = _ops(trans_a, trans_b, a, b, c)
     if beta == 0:
-        xp.matmul(A, B, out=c)          # both numpy and CuPy buffer an input that overlaps c
+        xp.matmul(A, B, out=c)  # both numpy and CuPy buffer an input that overlaps c
         if alpha != 1:
             c *= alpha
     else:
@@ -91,7 +99,7 @@ def _gemm_v1(alpha, A, B, beta, C):
 
 
 # -- v2: shared-memory tiles -----------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_tiled(TILE):
     @cuda.jit
     def gemm_tiled(alpha, A, B, beta, C):
@@ -119,19 +127,20 @@ def make_tiled(TILE):
                     cuda.syncthreads()
                     for p in range(TILE):
                         acc += As[ty, p] * Bs[p, tx]
-                    cuda.syncthreads()      # before the next step overwrites the tiles
+                    cuda.syncthreads()  # before the next step overwrites the tiles
                 if i < M and j < N:
                     if beta == 0:
                         C[i, j] = alpha * acc
                     else:
                         C[i, j] = alpha * acc + beta * C[i, j]
+
     return gemm_tiled
 
 
 # -- v3: register blocking -------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_regblock(BM, BN, BK, TM, TN):
-    TY, TX = BM // TM, BN // TN           # the block: TY x TX threads
+    TY, TX = BM // TM, BN // TN  # the block: TY x TX threads
     NT = TX * TY
 
     @cuda.jit
@@ -188,6 +197,7 @@ def make_regblock(BM, BN, BK, TM, TN):
                                 C[i, j] = alpha * acc[r, s]
                             else:
                                 C[i, j] = alpha * acc[r, s] + beta * C[i, j]
+
     return gemm_regblock
 
 
@@ -201,7 +211,7 @@ def _prepare(L, trans_a, trans_b, alpha, a, b, beta, c):
 def gemm_v1_naive(L, trans_a, trans_b, alpha, a, b, beta, c):
     A, B, al, be = _prepare(L, trans_a, trans_b, alpha, a, b, beta, c)
     if c.size:
-        T = L.config.gemm_tile          # (16, 16) blocks on a GPU
+        T = L.config.gemm_tile  # (16, 16) blocks on a GPU
         L.launch(_gemm_v1, L.grid2d(c.shape[0], c.shape[1], T, T), (T, T), al, A, B, be, c)
 
 
@@ -216,12 +226,26 @@ def gemm_v3_regblock(L, trans_a, trans_b, alpha, a, b, beta, c):
     A, B, al, be = _prepare(L, trans_a, trans_b, alpha, a, b, beta, c)
     BM, BN, BK, TM, TN = L.config.regblock
     if c.size:
-        L.launch(make_regblock(BM, BN, BK, TM, TN), L.grid2d(c.shape[0], c.shape[1], BM, BN),
-                 (BN // TN, BM // TM), al, A, B, be, c)
+        L.launch(
+            make_regblock(BM, BN, BK, TM, TN),
+            L.grid2d(c.shape[0], c.shape[1], BM, BN),
+            (BN // TN, BM // TM),
+            al,
+            A,
+            B,
+            be,
+            c,
+        )
 
 
-VERSIONS = {"gemm": {"cublas": gemm_cublas, "v1_naive": gemm_v1_naive, "v2_tiled": gemm_v2_tiled,
-                     "v3_regblock": gemm_v3_regblock}}
+VERSIONS = {
+    "gemm": {
+        "cublas": gemm_cublas,
+        "v1_naive": gemm_v1_naive,
+        "v2_tiled": gemm_v2_tiled,
+        "v3_regblock": gemm_v3_regblock,
+    }
+}
 DEFAULTS = {"gemm": "cublas"}
 
 gemm = VERSIONS["gemm"][DEFAULTS["gemm"]]

@@ -22,6 +22,7 @@ Versions:
              patch covers it: no atomics, deterministic, and x is written exactly once.  The
              default.
 """
+
 from numba import cuda
 
 from .. import _versions
@@ -44,8 +45,10 @@ def _geometry(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
     if OH < 1 or OW < 1:
         raise ValueError("im2col/col2im: the (dilated) kernel is larger than the padded input")
     if tuple(col.shape) != (C * kh * kw, N * OH * OW):
-        raise ValueError(f"im2col/col2im: col must have shape (C*kh*kw, N*OH*OW) = "
-                         f"{(C * kh * kw, N * OH * OW)}, got {tuple(col.shape)}")
+        raise ValueError(
+            f"im2col/col2im: col must have shape (C*kh*kw, N*OH*OW) = "
+            f"{(C * kh * kw, N * OH * OW)}, got {tuple(col.shape)}"
+        )
     return N, C, H, W, OH, OW
 
 
@@ -143,30 +146,28 @@ def _col2im_v2(col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x):
 def im2col_v1_naive(L, x, kh, kw, ph, pw, sh, sw, dh, dw, col):
     N, C, H, W, OH, OW = _geometry(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     if col.size:
-        L.launch(_im2col_v1, L.blocks(col.size), L.config.threads, x, kh, kw, ph, pw, sh, sw, dh, dw,
-                 OH, OW, col)
+        L.launch(_im2col_v1, L.blocks(col.size), L.config.threads, x, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, col)
 
 
 def col2im_v1_naive(L, col, kh, kw, ph, pw, sh, sw, dh, dw, x):
     N, C, H, W, OH, OW = _geometry(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
-    x.fill(0)                               # on the GPU: a CuPy kernel on the same stream
+    x.fill(0)  # on the GPU: a CuPy kernel on the same stream
     if col.size:
-        L.launch(_col2im_v1, L.blocks(col.size), L.config.threads, col, kh, kw, ph, pw, sh, sw, dh, dw,
-                 OH, OW, x)
+        L.launch(_col2im_v1, L.blocks(col.size), L.config.threads, col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x)
 
 
 def im2col_v2_caffe(L, x, kh, kw, ph, pw, sh, sw, dh, dw, col):
     N, C, H, W, OH, OW = _geometry(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     if col.size:
-        L.launch(_im2col_v2, L.blocks(C * col.shape[1]), L.config.threads, x, kh, kw, ph, pw, sh, sw,
-                 dh, dw, OH, OW, col)
+        L.launch(
+            _im2col_v2, L.blocks(C * col.shape[1]), L.config.threads, x, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, col
+        )
 
 
 def col2im_v2_caffe(L, col, kh, kw, ph, pw, sh, sw, dh, dw, x):
     N, C, H, W, OH, OW = _geometry(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     if x.size:
-        L.launch(_col2im_v2, L.blocks(x.size), L.config.threads, col, kh, kw, ph, pw, sh, sw, dh, dw,
-                 OH, OW, x)
+        L.launch(_col2im_v2, L.blocks(x.size), L.config.threads, col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x)
 
 
 VERSIONS = {

@@ -21,6 +21,7 @@ Versions:
               dy / divisor over the windows [(h + ph - kh)/sh + 1, (h + ph)/sh] that cover it
               (Caffe's AvePoolBackward): no atomics, deterministic.  Default for ave_pool_bwd.
 """
+
 from numba import cuda
 
 from .. import _versions
@@ -49,8 +50,8 @@ def _max_fwd(x, kh, kw, sh, sw, ph, pw, y, mask):
         n = t // (PW * PH * C)
         hs = p * sh - ph
         ws = q * sw - pw
-        he = hs + kh if hs + kh < H else H          # (min/max spelled out: numba's CUDA
-        we = ws + kw if ws + kw < W else W          #  builtins need a device to compile)
+        he = hs + kh if hs + kh < H else H  # (min/max spelled out: numba's CUDA
+        we = ws + kw if ws + kw < W else W  #  builtins need a device to compile)
         hs = hs if hs > 0 else 0
         ws = ws if ws > 0 else 0
         best = y.dtype.type(0)
@@ -198,8 +199,12 @@ VERSIONS = {
     "ave_pool_fwd": {"v1_scatter": ave_pool_fwd_v1_scatter},
     "ave_pool_bwd": {"v1_scatter": ave_pool_bwd_v1_scatter, "v2_gather": ave_pool_bwd_v2_gather},
 }
-DEFAULTS = {"max_pool_fwd": "v1_scatter", "max_pool_bwd": "v1_scatter",
-            "ave_pool_fwd": "v1_scatter", "ave_pool_bwd": "v2_gather"}
+DEFAULTS = {
+    "max_pool_fwd": "v1_scatter",
+    "max_pool_bwd": "v1_scatter",
+    "ave_pool_fwd": "v1_scatter",
+    "ave_pool_bwd": "v2_gather",
+}
 
 max_pool_fwd = VERSIONS["max_pool_fwd"][DEFAULTS["max_pool_fwd"]]
 max_pool_bwd = VERSIONS["max_pool_bwd"][DEFAULTS["max_pool_bwd"]]

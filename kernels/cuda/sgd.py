@@ -17,13 +17,13 @@ The float64 references below are what the tests check against.
 Versions (thread mapping: thread i, grid-stride, element i, coalesced):
   v1_gridstride   the only one: a memory-bound stream has nothing else to win.
 """
+
 import numpy as np
 from numba import cuda
 
 from .. import _versions
 
-__all__ = ["sgd_update", "sgd_step", "sgd_update_reference", "sgd_step_reference",
-           "VERSIONS", "DEFAULTS", "use"]
+__all__ = ["sgd_update", "sgd_step", "sgd_update_reference", "sgd_step_reference", "VERSIONS", "DEFAULTS", "use"]
 
 
 def sgd_update_reference(g, h, momentum, local_rate):
@@ -65,25 +65,45 @@ def _sgd_step(w, g, h, momentum, rate, decay):
 def _check(*arrays):
     for a in arrays:
         if a.ndim != 1 or a.size != arrays[0].size or a.dtype != arrays[0].dtype:
-            raise ValueError(f"sgd: arrays must be 1-d of one length and dtype, got "
-                             f"{[(tuple(b.shape), str(b.dtype)) for b in arrays]}")
+            raise ValueError(
+                f"sgd: arrays must be 1-d of one length and dtype, got "
+                f"{[(tuple(b.shape), str(b.dtype)) for b in arrays]}"
+            )
     return arrays[0].size
 
 
 def sgd_update_v1_gridstride(L, g, h, momentum, local_rate):
     if _check(g, h):
-        L.launch(_sgd_update, L.blocks(g.size), L.config.threads, g, h,
-                 L.scalar(momentum, g.dtype), L.scalar(local_rate, g.dtype))
+        L.launch(
+            _sgd_update,
+            L.blocks(g.size),
+            L.config.threads,
+            g,
+            h,
+            L.scalar(momentum, g.dtype),
+            L.scalar(local_rate, g.dtype),
+        )
 
 
 def sgd_step_v1_gridstride(L, w, g, h, momentum, local_rate, decay):
     if _check(w, g, h):
-        L.launch(_sgd_step, L.blocks(g.size), L.config.threads, w, g, h, L.scalar(momentum, g.dtype),
-                 L.scalar(local_rate, g.dtype), L.scalar(decay, g.dtype))
+        L.launch(
+            _sgd_step,
+            L.blocks(g.size),
+            L.config.threads,
+            w,
+            g,
+            h,
+            L.scalar(momentum, g.dtype),
+            L.scalar(local_rate, g.dtype),
+            L.scalar(decay, g.dtype),
+        )
 
 
-VERSIONS = {"sgd_update": {"v1_gridstride": sgd_update_v1_gridstride},
-            "sgd_step": {"v1_gridstride": sgd_step_v1_gridstride}}
+VERSIONS = {
+    "sgd_update": {"v1_gridstride": sgd_update_v1_gridstride},
+    "sgd_step": {"v1_gridstride": sgd_step_v1_gridstride},
+}
 DEFAULTS = {"sgd_update": "v1_gridstride", "sgd_step": "v1_gridstride"}
 REFERENCES = {"sgd_update": sgd_update_reference, "sgd_step": sgd_step_reference}
 

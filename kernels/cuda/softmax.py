@@ -37,6 +37,7 @@ Versions:
 Warp shuffles (``shfl_down_sync``) would make the reductions cheaper still, but numba's
 simulator does not implement them, and every kernel here must run in the simulator.
 """
+
 import math
 
 import numpy as np
@@ -47,9 +48,18 @@ from ..softmax import FLT_MIN, REFERENCES, _bad_label_message, softmax_row  # no
 
 _softmax_row_dev = cuda.jit(device=True)(softmax_row)
 
-__all__ = ["softmax_fwd", "softmax_bwd", "softmax_loss_fwd", "softmax_loss_bwd", "softmax_xent_fwd",
-           "VERSIONS", "DEFAULTS", "use", "make_block_kernels", "make_loss_kernels"]
-
+__all__ = [
+    "softmax_fwd",
+    "softmax_bwd",
+    "softmax_loss_fwd",
+    "softmax_loss_bwd",
+    "softmax_xent_fwd",
+    "VERSIONS",
+    "DEFAULTS",
+    "use",
+    "make_block_kernels",
+    "make_loss_kernels",
+]
 
 
 # -- v1: a thread per position -------------------------------------------------------------------
@@ -117,7 +127,7 @@ def make_block_kernels(ROW):
                 cuda.syncthreads()
                 s //= 2
             m = red[0]
-            cuda.syncthreads()                  # everyone has read red[0] before it is reused
+            cuda.syncthreads()  # everyone has read red[0] before it is reused
             acc = y.dtype.type(0)
             for c in range(tid, C, ROW):
                 e = math.exp(x[o, c, k] - m)
@@ -171,7 +181,7 @@ def make_block_kernels(ROW):
 def _label_at(label, o, k, C, ignore_label, has_ignore):
     """-1: ignored; -2: bad; else the class index (truncated, as Caffe's static_cast<int>)."""
     v = label[o, k]
-    if not (v > -4.0e18 and v < 4.0e18):        # NaN, inf, absurd
+    if not (v > -4.0e18 and v < 4.0e18):  # NaN, inf, absurd
         return -2
     li = int(v)
     if has_ignore and li == ignore_label:
@@ -300,16 +310,19 @@ def _loss_bwd(prob, label, ignore_label, has_ignore, scale, dx):
 def _check3(*arrays):
     for a in arrays:
         if a.ndim != 3 or tuple(a.shape) != tuple(arrays[0].shape):
-            raise ValueError(f"softmax: arrays must be (outer, C, inner) of one shape, got "
-                             f"{[tuple(b.shape) for b in arrays]}")
+            raise ValueError(
+                f"softmax: arrays must be (outer, C, inner) of one shape, got {[tuple(b.shape) for b in arrays]}"
+            )
     return arrays[0].shape
 
 
 def _as_label(prob, label):
     outer, C, inner = prob.shape
     if label.size != outer * inner:
-        raise ValueError(f"softmax loss: label has {label.size} elements, prob {tuple(prob.shape)} "
-                         f"needs outer*inner = {outer * inner}")
+        raise ValueError(
+            f"softmax loss: label has {label.size} elements, prob {tuple(prob.shape)} "
+            f"needs outer*inner = {outer * inner}"
+        )
     return label.reshape(outer, inner)
 
 
@@ -353,13 +366,13 @@ def _finish(L, out, prob, label):
     if bad != np.inf:
         inner = prob.shape[2]
         o, k = divmod(int(bad), inner)
-        raise ValueError(_bad_label_message(L.to_host(label[o, k:k + 1])[0].item(), o, k, prob.shape[1]))
+        raise ValueError(_bad_label_message(L.to_host(label[o, k : k + 1])[0].item(), o, k, prob.shape[1]))
     return float(loss), int(count)
 
 
 def _loss_out(L):
     out = L.xp.zeros(3, dtype=np.float64)
-    out[2] = np.inf                         # a fill on the device, not a copy
+    out[2] = np.inf  # a fill on the device, not a copy
     return out
 
 
@@ -369,8 +382,16 @@ def softmax_loss_fwd_v1_thread(L, prob, label, ignore_label, has_ignore):
     out = _loss_out(L)
     T = L.config.row_threads
     if prob.size:
-        L.launch(make_loss_kernels(T)[0], L.blocks(outer * inner, T), T, prob, label,
-                 int(ignore_label), bool(has_ignore), out)
+        L.launch(
+            make_loss_kernels(T)[0],
+            L.blocks(outer * inner, T),
+            T,
+            prob,
+            label,
+            int(ignore_label),
+            bool(has_ignore),
+            out,
+        )
     return _finish(L, out, prob, label)
 
 
@@ -380,8 +401,17 @@ def softmax_xent_fwd_v1_fused(L, x, label, ignore_label, has_ignore, prob):
     out = _loss_out(L)
     T = L.config.row_threads
     if x.size:
-        L.launch(make_loss_kernels(T)[1], L.blocks(outer * inner, T), T, x, label,
-                 int(ignore_label), bool(has_ignore), prob, out)
+        L.launch(
+            make_loss_kernels(T)[1],
+            L.blocks(outer * inner, T),
+            T,
+            x,
+            label,
+            int(ignore_label),
+            bool(has_ignore),
+            prob,
+            out,
+        )
     return _finish(L, out, prob, label)
 
 
@@ -389,21 +419,41 @@ def softmax_loss_bwd_v1_thread(L, prob, label, ignore_label, has_ignore, scale, 
     outer, C, inner = _check3(prob, dx)
     label = _as_label(prob, label)
     if prob.size:
-        L.launch(_loss_bwd, L.blocks(prob.size), L.config.threads, prob, label, int(ignore_label),
-                 bool(has_ignore), L.scalar(scale, dx.dtype), dx)
+        L.launch(
+            _loss_bwd,
+            L.blocks(prob.size),
+            L.config.threads,
+            prob,
+            label,
+            int(ignore_label),
+            bool(has_ignore),
+            L.scalar(scale, dx.dtype),
+            dx,
+        )
 
 
 VERSIONS = {
-    "softmax_fwd": {"v1_thread": softmax_fwd_v1_thread, "v2_block": softmax_fwd_v2_block,
-                    "v3_auto": softmax_fwd_v3_auto},
-    "softmax_bwd": {"v1_thread": softmax_bwd_v1_thread, "v2_block": softmax_bwd_v2_block,
-                    "v3_auto": softmax_bwd_v3_auto},
+    "softmax_fwd": {
+        "v1_thread": softmax_fwd_v1_thread,
+        "v2_block": softmax_fwd_v2_block,
+        "v3_auto": softmax_fwd_v3_auto,
+    },
+    "softmax_bwd": {
+        "v1_thread": softmax_bwd_v1_thread,
+        "v2_block": softmax_bwd_v2_block,
+        "v3_auto": softmax_bwd_v3_auto,
+    },
     "softmax_loss_fwd": {"v1_thread": softmax_loss_fwd_v1_thread},
     "softmax_loss_bwd": {"v1_thread": softmax_loss_bwd_v1_thread},
     "softmax_xent_fwd": {"v1_fused": softmax_xent_fwd_v1_fused},
 }
-DEFAULTS = {"softmax_fwd": "v3_auto", "softmax_bwd": "v3_auto", "softmax_loss_fwd": "v1_thread",
-            "softmax_loss_bwd": "v1_thread", "softmax_xent_fwd": "v1_fused"}
+DEFAULTS = {
+    "softmax_fwd": "v3_auto",
+    "softmax_bwd": "v3_auto",
+    "softmax_loss_fwd": "v1_thread",
+    "softmax_loss_bwd": "v1_thread",
+    "softmax_xent_fwd": "v1_fused",
+}
 
 softmax_fwd = VERSIONS["softmax_fwd"][DEFAULTS["softmax_fwd"]]
 softmax_bwd = VERSIONS["softmax_bwd"][DEFAULTS["softmax_bwd"]]

@@ -15,6 +15,7 @@ Layers call ``self.backend.<kernel>(...)`` and ``self.xp.<op>(...)``; they never
 backend they run on.  The current mode is process-global, as in pycaffe (``set_mode_cpu`` /
 ``set_mode_gpu``); a Net takes the backend current when it is built.
 """
+
 import importlib
 
 from ..errors import MinicaffeError
@@ -27,6 +28,7 @@ _state = {"mode": "cpu", "device": 0}
 def gpu_backend_name():
     """The backend "gpu" means in this process: 'cudasim' if NUMBA_ENABLE_CUDASIM=1, else 'cuda'."""
     from . import _gpu
+
     return "cudasim" if _gpu.simulator_requested() else "cuda"
 
 
@@ -39,6 +41,7 @@ def why_not(name):
         return f"unknown backend '{name}'; known: {', '.join(BACKENDS)}"
     if name in GPU_BACKENDS:
         from . import _gpu
+
         return _gpu.why_not(name)
     return None
 
@@ -56,7 +59,8 @@ def get(name=None):
         raise MinicaffeError(f"unknown backend '{name}'; known: {', '.join(BACKENDS)}")
     if name in GPU_BACKENDS:
         from . import _gpu
-        _gpu.require(name)              # one clear error instead of an ImportError from deep inside
+
+        _gpu.require(name)  # one clear error instead of an ImportError from deep inside
     mod = importlib.import_module(f"{__name__}.{name}")
     if name == "cuda":
         mod.select_device(_state["device"])
@@ -64,7 +68,7 @@ def get(name=None):
 
 
 def set_mode(name):
-    """"cpu", "cuda", "cudasim", or "gpu" (= cudasim under NUMBA_ENABLE_CUDASIM=1, else cuda)."""
+    """ "cpu", "cuda", "cudasim", or "gpu" (= cudasim under NUMBA_ENABLE_CUDASIM=1, else cuda)."""
     if name == "gpu":
         name = gpu_backend_name()
     get(name)

@@ -10,6 +10,7 @@ numba decides ONCE per process, at the first ``import numba.cuda``, whether ``nu
 real CUDA target or the simulator (``NUMBA_ENABLE_CUDASIM=1``).  So a process can run ``cuda`` or
 ``cudasim``, never both; the checks below say so instead of failing inside numba.
 """
+
 import os
 import sys
 
@@ -28,6 +29,7 @@ def _numba_cuda_mode():
     if "numba.cuda" not in sys.modules:
         return None
     from numba.core import config
+
     return "simulator" if config.ENABLE_CUDASIM else "real"
 
 
@@ -37,26 +39,32 @@ def why_not(name):
     mode = _numba_cuda_mode()
     if name == "cudasim":
         if mode is None and os.environ.get("NUMBA_ENABLE_CUDASIM", "").strip() == "0":
-            return ("NUMBA_ENABLE_CUDASIM=0 is set: this process asked numba for its real CUDA "
-                    "target, and numba picks real-or-simulator once per process")
+            return (
+                "NUMBA_ENABLE_CUDASIM=0 is set: this process asked numba for its real CUDA "
+                "target, and numba picks real-or-simulator once per process"
+            )
         if mode == "real":
-            return ("numba's real CUDA target is already loaded in this process, and numba picks "
-                    "real-or-simulator once per process: set NUMBA_ENABLE_CUDASIM=1 before starting "
-                    "Python to use the simulator")
+            return (
+                "numba's real CUDA target is already loaded in this process, and numba picks "
+                "real-or-simulator once per process: set NUMBA_ENABLE_CUDASIM=1 before starting "
+                "Python to use the simulator"
+            )
         return None
     if name != "cuda":
         return f"'{name}' is not a GPU backend"
     if mode == "simulator" or (mode is None and simulator_requested()):
-        return ("this process already runs numba's CUDA simulator (chosen by NUMBA_ENABLE_CUDASIM=1 "
-                "or by loading the cudasim backend), and numba picks real-or-simulator once per "
-                "process: start a new process without NUMBA_ENABLE_CUDASIM for the cuda backend")
+        return (
+            "this process already runs numba's CUDA simulator (chosen by NUMBA_ENABLE_CUDASIM=1 "
+            "or by loading the cudasim backend), and numba picks real-or-simulator once per "
+            "process: start a new process without NUMBA_ENABLE_CUDASIM for the cuda backend"
+        )
     try:
         import cupy
     except ImportError as e:
         return f"CuPy is not installed ({e}); install the GPU extra: {INSTALL}"
     try:
         n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:                          # CUDARuntimeError, or a missing driver library
+    except Exception as e:  # CUDARuntimeError, or a missing driver library
         return f"CuPy is installed but sees no usable NVIDIA GPU ({type(e).__name__}: {e})"
     if n < 1:
         return "CuPy is installed but there is no NVIDIA GPU on this machine"
@@ -66,20 +74,30 @@ def why_not(name):
 def require(name):
     reason = why_not(name)
     if reason is not None:
-        hint = ("; without a GPU, NUMBA_ENABLE_CUDASIM=1 makes the GPU mode run the same kernels in "
-                "numba's CUDA simulator (slow: for testing)") if name == "cuda" else ""
+        hint = (
+            (
+                "; without a GPU, NUMBA_ENABLE_CUDASIM=1 makes the GPU mode run the same kernels in "
+                "numba's CUDA simulator (slow: for testing)"
+            )
+            if name == "cuda"
+            else ""
+        )
         raise MinicaffeError(f"the {name} backend cannot be used: {reason}{hint}")
     if name == "cudasim" and _numba_cuda_mode() is None:
         # Asking for the simulator is asking numba for it: the switch numba reads when
         # numba.cuda is first imported (what NUMBA_ENABLE_CUDASIM=1 would have set).
         from numba.core import config
+
         config.ENABLE_CUDASIM = 1
 
 
 def bind(L):
     """The backend contract's kernel functions, launched by ``L``."""
     import kernels.cuda as kc
-    from kernels.cuda import elementwise, gemm as _gemm, im2col as _im2col, pooling, sgd, softmax
+    from kernels.cuda import elementwise, pooling, sgd, softmax
+    from kernels.cuda import gemm as _gemm
+    from kernels.cuda import im2col as _im2col
+
     kc.apply_env()
 
     def gemm(trans_a, trans_b, alpha, a, b, beta, c):
@@ -147,7 +165,28 @@ def bind(L):
         """L2 decay + momentum + weight update fused: g += decay*w; h = m*h + lr*g; w -= h; g = h."""
         sgd.sgd_step(L, w, g, h, momentum, local_rate, decay)
 
-    return {f.__name__: f for f in (
-        gemm, im2col, col2im, max_pool_fwd, max_pool_bwd, ave_pool_fwd, ave_pool_bwd,
-        softmax_fwd, softmax_bwd, softmax_loss_fwd, softmax_loss_bwd, softmax_xent_fwd,
-        relu_fwd, relu_bwd, sigmoid_fwd, sigmoid_bwd, tanh_fwd, tanh_bwd, sgd_update, sgd_step)}
+    return {
+        f.__name__: f
+        for f in (
+            gemm,
+            im2col,
+            col2im,
+            max_pool_fwd,
+            max_pool_bwd,
+            ave_pool_fwd,
+            ave_pool_bwd,
+            softmax_fwd,
+            softmax_bwd,
+            softmax_loss_fwd,
+            softmax_loss_bwd,
+            softmax_xent_fwd,
+            relu_fwd,
+            relu_bwd,
+            sigmoid_fwd,
+            sigmoid_bwd,
+            tanh_fwd,
+            tanh_bwd,
+            sgd_update,
+            sgd_step,
+        )
+    }

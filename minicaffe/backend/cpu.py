@@ -4,9 +4,12 @@ Every function has a flat signature (arrays, sizes, an output array) and writes 
 place.  The kernel modules are looked up at call time, so ``kernels.use(family, version)``
 switches the version the engine runs.
 """
+
 import numpy as np
 
-from kernels import elementwise, gemm as _gemm, im2col as _im2col, pooling, sgd, softmax
+from kernels import elementwise, pooling, sgd, softmax
+from kernels import gemm as _gemm
+from kernels import im2col as _im2col
 
 name = "cpu"
 xp = np

@@ -14,6 +14,7 @@ Requires CuPy and an NVIDIA GPU (``pip install -e ".[cuda]"``); asking for it el
 one MinicaffeError that says which is missing.  Selected by ``set_mode("cuda")`` or
 ``set_mode_gpu()`` (without NUMBA_ENABLE_CUDASIM=1).
 """
+
 from . import _gpu
 
 _gpu.require("cuda")

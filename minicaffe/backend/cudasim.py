@@ -13,6 +13,7 @@ Selected by ``set_mode("cudasim")``, or by ``set_mode_gpu()`` when ``NUMBA_ENABL
 Asking for it before anything imported ``numba.cuda`` switches numba to its simulator for the
 rest of the process (see ``_gpu.py``).
 """
+
 from . import _gpu
 
 _gpu.require("cudasim")

@@ -14,6 +14,7 @@ The data directory (cache) is ``--data-dir`` / :func:`set_data_dir`, else ``$MIN
 else ``$XDG_CACHE_HOME/minicaffe``, else ``~/.cache/minicaffe``.  ``python -m minicaffe.data
 mnist`` fetches MNIST ahead of time.
 """
+
 from ._util import DatasetError, data_dir, set_data_dir
 from .dataset import Dataset
 from .reader import BatchReader, Prefetcher
@@ -21,26 +22,45 @@ from .registry import get_dataset, known_sources, register_dataset, resolve_sour
 from .transform import Transformer, compute_image_mean, load_mean_file
 
 __all__ = [
-    "DatasetError", "data_dir", "set_data_dir", "Dataset", "BatchReader", "Prefetcher", "get_dataset",
-    "known_sources", "register_dataset", "resolve_source", "unregister_dataset", "Transformer",
-    "compute_image_mean", "load_mean_file", "load_mnist", "load_cifar10", "synthetic_dataset",
+    "DatasetError",
+    "data_dir",
+    "set_data_dir",
+    "Dataset",
+    "BatchReader",
+    "Prefetcher",
+    "get_dataset",
+    "known_sources",
+    "register_dataset",
+    "resolve_source",
+    "unregister_dataset",
+    "Transformer",
+    "compute_image_mean",
+    "load_mean_file",
+    "load_mnist",
+    "load_cifar10",
+    "synthetic_dataset",
 ]
 
 
 def load_mnist(cache_dir=None):
     """MNIST as {"train": (images, labels), "test": (images, labels)}, uint8 (N, 1, 28, 28)."""
     from . import mnist
+
     return mnist.load(cache_dir)
 
 
 def load_cifar10(split, cache_dir=None):
     """CIFAR-10 ``split`` ("train"/"test") as (images (N, 3, 32, 32) uint8, labels), from your files."""
     from . import cifar10
+
     return cifar10.load(split, cache_dir)
 
 
 def synthetic_dataset(shape, num_classes=10, count=1024, seed=0):
     """A seeded synthetic :class:`Dataset` of images ``shape`` (C, H, W)."""
     from . import synthetic
-    return Dataset(f"synthetic:{'x'.join(map(str, shape))}:{num_classes}:{count}:{seed}",
-                   *synthetic.make(shape, num_classes, count, seed))
+
+    return Dataset(
+        f"synthetic:{'x'.join(map(str, shape))}:{num_classes}:{count}:{seed}",
+        *synthetic.make(shape, num_classes, count, seed),
+    )

@@ -9,6 +9,7 @@ The cache directory, first that applies:
 4. ``$XDG_CACHE_HOME/minicaffe`` when ``XDG_CACHE_HOME`` is set,
 5. ``~/.cache/minicaffe``.
 """
+
 import hashlib
 import os
 import sys
@@ -69,7 +70,7 @@ def atomic_write(path, write):
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)             # mkstemp makes 0600; a cache is readable like any file
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a cache is readable like any file
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -11,6 +11,7 @@ Each ``.bin`` file is 10,000 records of 1 label byte + 3072 pixel bytes (1024 re
 Images are (N, 3, 32, 32) uint8 in RGB order (Caffe's own convert_cifar_data keeps this order),
 labels (N,) int64.
 """
+
 import tarfile
 
 import numpy as np
@@ -28,8 +29,10 @@ _memo = {}
 def parse_batch(data, name="<bytes>"):
     """Decode one binary batch -> (images (N, 3, 32, 32) uint8, labels (N,) int64)."""
     if len(data) == 0 or len(data) % RECORD:
-        raise DatasetError(f"{name}: {len(data)} bytes is not a whole number of CIFAR-10 records "
-                           f"({RECORD} bytes each: 1 label + 3072 pixels)")
+        raise DatasetError(
+            f"{name}: {len(data)} bytes is not a whole number of CIFAR-10 records "
+            f"({RECORD} bytes each: 1 label + 3072 pixels)"
+        )
     records = np.frombuffer(data, dtype=np.uint8).reshape(-1, RECORD)
     labels = records[:, 0].astype(np.int64)
     if labels.max() > 9:
@@ -62,7 +65,8 @@ def _read_split(split, root):
         f"CIFAR-10 {split} data not found: need {', '.join(names)} (the binary version) in one of {tried}, or "
         f"{ARCHIVE} in {root}. No package registry ships CIFAR-10: download {ARCHIVE} from "
         f"https://www.cs.toronto.edu/~kriz/cifar.html and put it there (or point MINICAFFE_DATA / --data-dir at "
-        f"where it is). For benchmarks without the files use source \"synthetic:3x32x32:10\".")
+        f'where it is). For benchmarks without the files use source "synthetic:3x32x32:10".'
+    )
 
 
 def load(split, cache_dir=None):

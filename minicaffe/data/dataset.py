@@ -4,6 +4,7 @@ Images are kept as they come (uint8 pixels for MNIST and CIFAR-10, float for any
 registers); the transformer turns a batch of them into the layer's float type, so the full data
 set sits in memory at one byte a pixel.
 """
+
 import numpy as np
 
 from ._util import DatasetError
@@ -23,8 +24,9 @@ class Dataset:
         elif images.ndim == 3:
             images = images.reshape(images.shape[0], 1, images.shape[1], images.shape[2])
         if images.ndim != 4:
-            raise DatasetError(f"dataset '{name}': images must be (N, C, H, W), (N, H, W) or (N, D); "
-                               f"got shape {images.shape}")
+            raise DatasetError(
+                f"dataset '{name}': images must be (N, C, H, W), (N, H, W) or (N, D); got shape {images.shape}"
+            )
         if images.dtype.kind not in "uif":
             raise DatasetError(f"dataset '{name}': images must be integer or float arrays, got {images.dtype}")
         if images.shape[0] == 0:
@@ -34,8 +36,10 @@ class Dataset:
             if labels.ndim > 1 and labels.size == labels.shape[0]:
                 labels = labels.reshape(-1)
             if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-                raise DatasetError(f"dataset '{name}': {images.shape[0]} images but labels of shape {labels.shape}; "
-                                   f"labels must be one per image")
+                raise DatasetError(
+                    f"dataset '{name}': {images.shape[0]} images but labels of shape {labels.shape}; "
+                    f"labels must be one per image"
+                )
             if labels.dtype.kind not in "uifb":
                 raise DatasetError(f"dataset '{name}': labels must be numbers, got {labels.dtype}")
         self.name = name
@@ -51,5 +55,7 @@ class Dataset:
         return tuple(self.images.shape[1:])
 
     def __repr__(self):
-        return (f"Dataset({self.name!r}, {len(self)} x {'x'.join(map(str, self.shape))} {self.images.dtype.name}"
-                f"{', unlabeled' if self.labels is None else ''})")
+        return (
+            f"Dataset({self.name!r}, {len(self)} x {'x'.join(map(str, self.shape))} {self.images.dtype.name}"
+            f"{', unlabeled' if self.labels is None else ''})"
+        )

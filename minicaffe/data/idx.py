@@ -11,6 +11,7 @@ row-major, big-endian::
 MNIST ships ``train-images-idx3-ubyte`` (60000 x 28 x 28 uint8), ``train-labels-idx1-ubyte``
 (60000 uint8) and the ``t10k-*`` pair (10000), often gzipped (``.gz``); both are read here.
 """
+
 import gzip
 import struct
 
@@ -30,7 +31,8 @@ def parse_idx(data, name="<bytes>"):
     if zero1 != 0 or zero2 != 0 or type_code not in IDX_TYPES:
         raise DatasetError(
             f"{name}: bad IDX magic number 0x{data[:4].hex()} (expected 00 00 <type> <ndim> with type one of "
-            f"{', '.join(f'0x{t:02X}' for t in IDX_TYPES)}); is this really an IDX file?")
+            f"{', '.join(f'0x{t:02X}' for t in IDX_TYPES)}); is this really an IDX file?"
+        )
     header = 4 + 4 * ndim
     if len(data) < header:
         raise DatasetError(f"{name}: truncated IDX header: {ndim} dimensions need {header} bytes, file has {len(data)}")
@@ -39,9 +41,11 @@ def parse_idx(data, name="<bytes>"):
     count = int(np.prod(dims, dtype=np.int64)) if dims else 1
     expected = header + count * dtype.itemsize
     if len(data) != expected:
-        raise DatasetError(f"{name}: IDX size mismatch: header says shape {tuple(dims)} of {dtype.name} = "
-                           f"{expected} bytes in all, the file has {len(data)}"
-                           f"{' (truncated download?)' if len(data) < expected else ''}")
+        raise DatasetError(
+            f"{name}: IDX size mismatch: header says shape {tuple(dims)} of {dtype.name} = "
+            f"{expected} bytes in all, the file has {len(data)}"
+            f"{' (truncated download?)' if len(data) < expected else ''}"
+        )
     array = np.frombuffer(data, dtype=dtype, count=count, offset=header).reshape(dims)
     return array.astype(dtype.newbyteorder("="), copy=True)
 

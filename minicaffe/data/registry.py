@@ -29,6 +29,7 @@ Register your own in-memory dataset (tests and notebooks do this)::
 
 ``register_dataset(name, factory)`` with a callable registers a dataset loaded on first use.
 """
+
 import threading
 from pathlib import Path
 
@@ -38,8 +39,8 @@ from . import cifar10, mnist, synthetic
 from ._util import DatasetError, data_dir
 from .dataset import Dataset
 
-_user = {}            # name -> Dataset or factory
-_loaded = {}          # (canonical name, data dir) -> Dataset
+_user = {}  # name -> Dataset or factory
+_loaded = {}  # (canonical name, data dir) -> Dataset
 _lock = threading.RLock()
 
 BUILTIN = {
@@ -50,8 +51,12 @@ BUILTIN = {
 }
 
 # Caffe's example databases (the last part of the path) -> our names.
-CAFFE_PATHS = {f"{ds}_{split}_{db}": f"{ds}_{split}"
-               for ds in ("mnist", "cifar10") for split in ("train", "test") for db in ("lmdb", "leveldb")}
+CAFFE_PATHS = {
+    f"{ds}_{split}_{db}": f"{ds}_{split}"
+    for ds in ("mnist", "cifar10")
+    for split in ("train", "test")
+    for db in ("lmdb", "leveldb")
+}
 
 
 def _mnist(split):
@@ -113,7 +118,8 @@ def resolve_source(source):
         f"unknown data source '{source}'. minicaffe reads no LMDB/LevelDB: a source is a dataset name. Known:\n"
         f"{listing}\n"
         f"Register your own with minicaffe.data.register_dataset('{tail or 'name'}', images, labels) before "
-        f"building the net.")
+        f"building the net."
+    )
 
 
 def get_dataset(source):
@@ -146,8 +152,10 @@ def _npz(path):
         with np.load(p, allow_pickle=False) as z:
             key = "images" if "images" in z.files else "data" if "data" in z.files else None
             if key is None:
-                raise DatasetError(f"{path}: an .npz data source needs an array 'images' (or 'data'); "
-                                   f"it has {', '.join(z.files) or 'none'}")
+                raise DatasetError(
+                    f"{path}: an .npz data source needs an array 'images' (or 'data'); "
+                    f"it has {', '.join(z.files) or 'none'}"
+                )
             return Dataset(str(path), z[key], z["labels"] if "labels" in z.files else None)
     except (OSError, ValueError) as e:
         raise DatasetError(f"{path}: cannot read .npz data source ({e})") from None

@@ -4,6 +4,7 @@ Each class has a random uint8 template; an image is its class's template blended
 with uniform noise.  So the data are learnable (a net can reach high accuracy on them, which a
 convergence smoke test can check) and yet cost nothing to make.  Same arguments -> same arrays.
 """
+
 import numpy as np
 
 from ._util import DatasetError
@@ -28,8 +29,10 @@ def parse_spec(spec):
     """``"synthetic:CxHxW[:classes[:count[:seed]]]"`` -> keyword arguments of :func:`make`."""
     body = spec.split(":", 1)[1] if ":" in spec else ""
     fields = body.split(":") if body else []
-    usage = ('write it as "synthetic:CxHxW[:classes[:count[:seed]]]", e.g. "synthetic:3x32x32:10" or '
-             '"synthetic:1x28x28:10:60000:1"')
+    usage = (
+        'write it as "synthetic:CxHxW[:classes[:count[:seed]]]", e.g. "synthetic:3x32x32:10" or '
+        '"synthetic:1x28x28:10:60000:1"'
+    )
     if not fields or not 1 <= len(fields) <= 4:
         raise DatasetError(f"bad synthetic source '{spec}': {usage}")
     try:

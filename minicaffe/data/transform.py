@@ -23,6 +23,7 @@ Differences from Caffe: Caffe draws ``mirror`` at random in the TEST phase too; 
 only at TRAIN (a test score should not depend on coin flips).  The random draws come from numpy,
 so the particular crops and flips differ from Caffe's.
 """
+
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +33,9 @@ from ._util import DatasetError
 
 
 class Transformer:
-    def __init__(self, scale=1.0, mean_value=(), mean_file=None, mirror=False, crop_size=0,
-                 phase="TRAIN", dtype=np.float32):
+    def __init__(
+        self, scale=1.0, mean_value=(), mean_file=None, mirror=False, crop_size=0, phase="TRAIN", dtype=np.float32
+    ):
         """``mean_file``: a path, or an already loaded mean image (C, H, W)."""
         mean_value = [float(v) for v in (mean_value or ())]
         if mean_value and mean_file is not None:
@@ -44,8 +46,11 @@ class Transformer:
         self.mean_value = mean_value
         self.mean_image = None
         if mean_file is not None:
-            self.mean_image = (np.asarray(mean_file, dtype=np.float64) if not isinstance(mean_file, (str, Path))
-                               else load_mean_file(mean_file))
+            self.mean_image = (
+                np.asarray(mean_file, dtype=np.float64)
+                if not isinstance(mean_file, (str, Path))
+                else load_mean_file(mean_file)
+            )
             if self.mean_image.ndim != 3:
                 raise DatasetError(f"transform_param: the mean image must be (C, H, W), got {self.mean_image.shape}")
         self.mirror = bool(mirror)
@@ -57,8 +62,15 @@ class Transformer:
     @classmethod
     def from_param(cls, param, phase="TRAIN", dtype=np.float32):
         """From a TransformationParameter message (unset fields read as Caffe's defaults)."""
-        return cls(scale=param.scale, mean_value=list(param.mean_value), mean_file=param.mean_file or None,
-                   mirror=param.mirror, crop_size=param.crop_size, phase=phase, dtype=dtype)
+        return cls(
+            scale=param.scale,
+            mean_value=list(param.mean_value),
+            mean_file=param.mean_file or None,
+            mirror=param.mirror,
+            crop_size=param.crop_size,
+            phase=phase,
+            dtype=dtype,
+        )
 
     @property
     def random(self):
@@ -73,11 +85,15 @@ class Transformer:
                 raise DatasetError(f"transform_param: crop_size {self.crop_size} is larger than the image {h} x {w}")
             h = w = self.crop_size
         if self.mean_value and len(self.mean_value) not in (1, c):
-            raise DatasetError(f"transform_param: {len(self.mean_value)} mean_value(s) for {c} channel(s); "
-                               f"give one value, or one per channel")
+            raise DatasetError(
+                f"transform_param: {len(self.mean_value)} mean_value(s) for {c} channel(s); "
+                f"give one value, or one per channel"
+            )
         if self.mean_image is not None and tuple(self.mean_image.shape) != tuple(in_shape):
-            raise DatasetError(f"transform_param: the mean image has shape {tuple(self.mean_image.shape)} but the "
-                               f"data images are {tuple(in_shape)}; the mean must be of the uncropped image")
+            raise DatasetError(
+                f"transform_param: the mean image has shape {tuple(self.mean_image.shape)} but the "
+                f"data images are {tuple(in_shape)}; the mean must be of the uncropped image"
+            )
         return (c, h, w)
 
     def __call__(self, images, rng=None):
@@ -89,7 +105,7 @@ class Transformer:
         n, c, H, W = images.shape
         _, h, w = self.output_shape((c, H, W))
         x, fresh = images, False
-        if self.mean_image is not None:                     # (x - mean) in the full frame
+        if self.mean_image is not None:  # (x - mean) in the full frame
             x, fresh = images.astype(self.dtype) - self.mean_image.astype(self.dtype)[None], True
         if self.random:
             if rng is None:
@@ -97,8 +113,8 @@ class Transformer:
             if self.crop_size:
                 h_off = rng.integers(0, H - h + 1, size=n)
                 w_off = rng.integers(0, W - w + 1, size=n)
-                windows = sliding_window_view(x, (h, w), axis=(2, 3))      # (N, C, H-h+1, W-w+1, h, w)
-                x, fresh = windows[np.arange(n), :, h_off, w_off], True     # (N, C, h, w), a copy
+                windows = sliding_window_view(x, (h, w), axis=(2, 3))  # (N, C, H-h+1, W-w+1, h, w)
+                x, fresh = windows[np.arange(n), :, h_off, w_off], True  # (N, C, h, w), a copy
             if self.mirror:
                 flip = rng.integers(0, 2, size=n).astype(bool)
                 if not fresh:
@@ -106,7 +122,7 @@ class Transformer:
                 x[flip] = x[flip, ..., ::-1]
         elif self.crop_size:
             top, left = (H - h) // 2, (W - w) // 2
-            x = x[:, :, top:top + h, left:left + w]
+            x = x[:, :, top : top + h, left : left + w]
         out = x.astype(self.dtype, copy=not fresh)
         if self.mean_value:
             out -= np.asarray(self.mean_value, dtype=self.dtype).reshape(1, -1, 1, 1)
@@ -128,15 +144,18 @@ def load_mean_file(path):
         folder = p.parent.name
         if p.name == "mean.binaryproto" and folder in ("cifar10", "mnist"):
             return compute_image_mean(f"{folder}_train")
-        raise DatasetError(f"mean_file '{path}' not found (a BlobProto .binaryproto as Caffe's compute_image_mean "
-                           f"writes, or an .npy of shape (C, H, W))")
+        raise DatasetError(
+            f"mean_file '{path}' not found (a BlobProto .binaryproto as Caffe's compute_image_mean "
+            f"writes, or an .npy of shape (C, H, W))"
+        )
     if p.suffix == ".npy":
         mean = np.load(p, allow_pickle=False).astype(np.float64)
     else:
         from .. import proto
+
         try:
             blob = proto.decode(p.read_bytes(), "BlobProto")
-        except Exception as e:                        # noqa: BLE001  (any decoding failure -> one clear error)
+        except Exception as e:  # noqa: BLE001  (any decoding failure -> one clear error)
             raise DatasetError(f"mean_file '{path}': cannot decode it as a BlobProto ({e})") from None
         mean = blob_to_array(blob, str(path))
     if mean.ndim == 4 and mean.shape[0] == 1:
@@ -159,8 +178,9 @@ def blob_to_array(blob, where="BlobProto"):
 def compute_image_mean(source):
     """Per-pixel mean (C, H, W) float64 of a data source's images (Caffe's compute_image_mean)."""
     from .registry import get_dataset
+
     images = get_dataset(source).images
     total = np.zeros(images.shape[1:], dtype=np.float64)
-    for start in range(0, images.shape[0], 4096):      # chunks: no float64 copy of the whole set
-        total += images[start:start + 4096].sum(axis=0, dtype=np.float64)
+    for start in range(0, images.shape[0], 4096):  # chunks: no float64 copy of the whole set
+        total += images[start : start + 4096].sum(axis=0, dtype=np.float64)
     return total / images.shape[0]

@@ -3,6 +3,7 @@
 Each module registers its class with ``@register`` (minicaffe.layer); adding a layer is adding a
 file here and its test.
 """
+
 import importlib
 import pkgutil
 

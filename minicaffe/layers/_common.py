@@ -9,6 +9,7 @@ registry from importing it as one).
 - ``loss_normalization`` / ``loss_normalizer``: Caffe's LossParameter normalization rules.
 - ``spatial_geometry``: kernel / pad / stride / dilation of Convolution-like layers, every form.
 """
+
 from .. import filler as _filler
 
 
@@ -25,8 +26,9 @@ def axis_index(layer, blob, axis, what="axis", index=0):
     """Canonical (non-negative) index of ``axis`` in ``bottom[index]``; -1 is the last axis."""
     n = blob.num_axes
     if not -n <= axis < n:
-        raise layer.error(f"{what} {axis} is out of range for bottom[{index}] of shape "
-                          f"{shape_str(blob.shape)} ({n} axes)")
+        raise layer.error(
+            f"{what} {axis} is out of range for bottom[{index}] of shape {shape_str(blob.shape)} ({n} axes)"
+        )
     return axis + n if axis < 0 else axis
 
 
@@ -125,6 +127,7 @@ from ..layer import Layer  # noqa: E402
 
 class Neuron(Layer):
     """Caffe's NeuronLayer: one bottom, one top of the same shape (in place allowed)."""
+
     min_bottom, max_bottom = 1, 1
     min_top, max_top = 1, 1
 

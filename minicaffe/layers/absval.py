@@ -1,4 +1,5 @@
 """AbsVal: y = |x|;  backward dx = sign(x) * dy.  In place keeps sign(x), which |x| loses."""
+
 from ..layer import register
 from ._common import Neuron, in_place
 

@@ -8,6 +8,7 @@ As in Caffe, an item is correct when fewer than top_k *other* classes score >= t
 counted item the accuracy is 0, and a class with no item has per-class accuracy 0.
 Accuracy has no backward.
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, count, has, shape_str
 
@@ -36,13 +37,16 @@ class Accuracy(Layer):
         self.inner = count(x.shape, self.axis + 1)
         self.classes = x.shape[self.axis]
         if self.top_k > self.classes:
-            raise self.error(f"top_k {self.top_k} is more than the {self.classes} classes of bottom[0] "
-                             f"{shape_str(x.shape)} along axis {self.axis}")
+            raise self.error(
+                f"top_k {self.top_k} is more than the {self.classes} classes of bottom[0] "
+                f"{shape_str(x.shape)} along axis {self.axis}"
+            )
         if label.count != self.outer * self.inner:
             raise self.error(
                 f"bottom[1] (labels) of shape {shape_str(label.shape)} has {label.count} values but "
                 f"bottom[0] of shape {shape_str(x.shape)} needs {self.outer * self.inner} (one per item "
-                f"outside the class axis {self.axis})")
+                f"outside the class axis {self.axis})"
+            )
         top[0].reshape(())
         if len(top) > 1:
             top[1].reshape((self.classes,))
@@ -54,11 +58,13 @@ class Accuracy(Layer):
         keep = xp.ones(lab.shape, dtype=bool) if not self.has_ignore else (lab != self.ignore_label)
         bad = keep & ((lab < 0) | (lab >= self.classes))
         if bool(bad.any()):
-            raise self.error(f"bottom[1] holds label {float(lab[bad].ravel()[0]):g}, outside [0, "
-                             f"{self.classes}) for {self.classes} classes")
+            raise self.error(
+                f"bottom[1] holds label {float(lab[bad].ravel()[0]):g}, outside [0, "
+                f"{self.classes}) for {self.classes} classes"
+            )
         li = xp.where(keep, lab, 0).astype(xp.int64)
-        true = xp.take_along_axis(scores, li[:, None, :], axis=1)            # (outer, 1, inner)
-        better = (scores >= true).sum(axis=1) - 1                             # other classes >= true
+        true = xp.take_along_axis(scores, li[:, None, :], axis=1)  # (outer, 1, inner)
+        better = (scores >= true).sum(axis=1) - 1  # other classes >= true
         correct = (better < self.top_k) & keep
         n = int(keep.sum())
         top[0].data[...] = float(correct.sum()) / n if n else 0.0

@@ -5,6 +5,7 @@ with ``out_max_val`` (indices in [:, 0], values in [:, 1]).  With ``axis``: alon
 top is bottom's shape with that axis set to top_k, holding the values if ``out_max_val``, else
 the indices.  Ties go to the higher index, as in Caffe.  No backward.
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, count, has, shape_str
 
@@ -37,8 +38,9 @@ class ArgMax(Layer):
             dim = count(x.shape, 1)
             shape = [x.shape[0], 2 if self.out_max_val else 1, self.top_k] + [1] * max(0, x.num_axes - 3)
         if self.top_k > dim:
-            raise self.error(f"top_k {self.top_k} is more than the {dim} values it chooses from in "
-                             f"bottom[0] {shape_str(x.shape)}")
+            raise self.error(
+                f"top_k {self.top_k} is more than the {dim} values it chooses from in bottom[0] {shape_str(x.shape)}"
+            )
         top[0].reshape(tuple(shape))
 
     def forward(self, bottom, top):
@@ -50,7 +52,7 @@ class ArgMax(Layer):
         # Caffe sorts (value, index) pairs in descending order, so equal values go to the higher
         # index: a stable sort of the reversed values does the same
         n = v.shape[-1]
-        idx = (n - 1) - xp.argsort(-v[..., ::-1], axis=-1, kind="stable")[..., :self.top_k]
+        idx = (n - 1) - xp.argsort(-v[..., ::-1], axis=-1, kind="stable")[..., : self.top_k]
         vals = xp.take_along_axis(v, idx, axis=-1)
         if self.has_axis:
             out = vals if self.out_max_val else idx

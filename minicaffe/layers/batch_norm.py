@@ -19,6 +19,7 @@ of the batch's.  With batch statistics (m = values per channel)::
 
 With global statistics y = (x - mean) / sqrt(var + eps) and dx = dy / sqrt(var + eps).
 """
+
 from ..layer import register
 from ._common import Neuron, shape_str
 
@@ -34,9 +35,11 @@ class BatchNorm(Neuron):
         self.eps = float(p.eps)
         x = bottom[0]
         self.channels = 1 if x.num_axes == 1 else x.shape[1]
-        self.blobs = [self.new_blob((self.channels,), self.name + "/mean"),
-                      self.new_blob((self.channels,), self.name + "/variance"),
-                      self.new_blob((1,), self.name + "/scale_factor")]
+        self.blobs = [
+            self.new_blob((self.channels,), self.name + "/mean"),
+            self.new_blob((self.channels,), self.name + "/variance"),
+            self.new_blob((1,), self.name + "/scale_factor"),
+        ]
         for b in self.blobs:
             b.data[...] = 0
         # The statistics are not learned: Caffe forces lr_mult 0 onto them.
@@ -44,8 +47,10 @@ class BatchNorm(Neuron):
         for i in range(3):
             if i < len(specs):
                 if specs[i].lr_mult != 0:
-                    raise self.error(f"param {i} has lr_mult {specs[i].lr_mult}; the batch statistics "
-                                     f"cannot be learned (leave lr_mult out or set it to 0)")
+                    raise self.error(
+                        f"param {i} has lr_mult {specs[i].lr_mult}; the batch statistics "
+                        f"cannot be learned (leave lr_mult out or set it to 0)"
+                    )
             else:
                 self.param.add("param", lr_mult=0.0)
         self.param_propagate_down = [False, False, False]
@@ -54,8 +59,9 @@ class BatchNorm(Neuron):
         x = bottom[0]
         c = 1 if x.num_axes == 1 else (x.shape[1] if x.num_axes > 1 else None)
         if c != self.channels:
-            raise self.error(f"bottom[0] has shape {shape_str(x.shape)} but the layer was set up for "
-                             f"{self.channels} channels")
+            raise self.error(
+                f"bottom[0] has shape {shape_str(x.shape)} but the layer was set up for {self.channels} channels"
+            )
         self.dims = (x.shape[0], self.channels, x.count // max(1, x.shape[0] * self.channels))
         super().reshape(bottom, top)
 
@@ -79,7 +85,7 @@ class BatchNorm(Neuron):
         self.inv_std = 1.0 / xp.sqrt(var + self.eps)
         xp.multiply(x - mean[None, :, None], self.inv_std[None, :, None], out=y)
         if not self.use_global:
-            self.x_norm = y.copy()     # a later in-place layer may overwrite the top
+            self.x_norm = y.copy()  # a later in-place layer may overwrite the top
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:

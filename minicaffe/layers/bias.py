@@ -8,6 +8,7 @@ dim = b.count::
     db[d] (+)= sum over o, i of dy[o, d, i]     (accumulates into a parameter, overwrites bottom[1])
     dx = dy
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, count, fill_blob, shape_str
 
@@ -15,11 +16,12 @@ from ._common import axis_index, count, fill_blob, shape_str
 def broadcast_dims(layer, x, b_shape, axis_param, what):
     """(outer, dim, inner) of x around the axes a ``what`` blob of ``b_shape`` lines up with."""
     if len(b_shape) == 0:
-        return 1, 1, x.count          # a scalar: the axis is irrelevant (Caffe uses 0)
+        return 1, 1, x.count  # a scalar: the axis is irrelevant (Caffe uses 0)
     axis = axis_index(layer, x, axis_param)
-    if axis + len(b_shape) > x.num_axes or tuple(x.shape[axis:axis + len(b_shape)]) != tuple(b_shape):
-        raise layer.error(f"{what} of shape {shape_str(b_shape)} does not match bottom[0] "
-                          f"{shape_str(x.shape)} from axis {axis}")
+    if axis + len(b_shape) > x.num_axes or tuple(x.shape[axis : axis + len(b_shape)]) != tuple(b_shape):
+        raise layer.error(
+            f"{what} of shape {shape_str(b_shape)} does not match bottom[0] {shape_str(x.shape)} from axis {axis}"
+        )
     return count(x.shape, 0, axis), count(b_shape), count(x.shape, axis + len(b_shape))
 
 
@@ -30,8 +32,9 @@ def param_shape(layer, x, axis_param, num_axes):
     axis = axis_index(layer, x, axis_param) if x.num_axes else 0
     end = x.num_axes if num_axes == -1 else axis + num_axes
     if end > x.num_axes:
-        raise layer.error(f"axis {axis_param} with num_axes {num_axes} runs past bottom[0] "
-                          f"{shape_str(x.shape)} ({x.num_axes} axes)")
+        raise layer.error(
+            f"axis {axis_param} with num_axes {num_axes} runs past bottom[0] {shape_str(x.shape)} ({x.num_axes} axes)"
+        )
     return tuple(x.shape[axis:end])
 
 
@@ -54,8 +57,9 @@ class Bias(Layer):
 
     def reshape(self, bottom, top):
         b = self._b(bottom)
-        self.dims = broadcast_dims(self, bottom[0], b.shape, self.param.bias_param.axis,
-                                   "bottom[1]" if len(bottom) > 1 else "the bias")
+        self.dims = broadcast_dims(
+            self, bottom[0], b.shape, self.param.bias_param.axis, "bottom[1]" if len(bottom) > 1 else "the bias"
+        )
         if top[0] is not bottom[0]:
             top[0].reshape(bottom[0].shape)
 

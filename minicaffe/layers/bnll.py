@@ -4,6 +4,7 @@ overflow as max(x, 0) + log1p(exp(-|x|)).
 Backward: dx = dy * sigmoid(x) = dy * (1 - exp(-y)) = -dy * expm1(-y), read from y so in place
 works.
 """
+
 from ..layer import register
 from ._common import Neuron
 
@@ -18,6 +19,6 @@ class BNLL(Neuron):
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             xp = self.xp
-            sig = xp.expm1(-top[0].data)          # -sigmoid(x); dx may be dy (in place)
+            sig = xp.expm1(-top[0].data)  # -sigmoid(x); dx may be dy (in place)
             xp.negative(sig, out=sig)
             xp.multiply(top[0].diff, sig, out=bottom[0].diff)

@@ -3,6 +3,7 @@
 Backward (Caffe's): dx = dy where min <= x <= max, 0 elsewhere.  Forward keeps that mask, so in
 place works.
 """
+
 from ..layer import register
 from ._common import Neuron
 

@@ -3,6 +3,7 @@
 Every bottom has the top's shape except along the axis; top's size there is the sum.
 Backward hands each bottom its slice of dy.
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, has, shape_str
 
@@ -25,13 +26,17 @@ class Concat(Layer):
         total = 0
         for i, b in enumerate(bottom):
             if b.num_axes != first.num_axes:
-                raise self.error(f"bottoms differ in number of axes: bottom[0] {shape_str(first.shape)} "
-                                 f"vs bottom[{i}] {shape_str(b.shape)}")
+                raise self.error(
+                    f"bottoms differ in number of axes: bottom[0] {shape_str(first.shape)} "
+                    f"vs bottom[{i}] {shape_str(b.shape)}"
+                )
             for ax in range(first.num_axes):
                 if ax != self.axis and b.shape[ax] != first.shape[ax]:
-                    raise self.error(f"bottoms differ in shape: {shape_str(first.shape)} vs "
-                                     f"{shape_str(b.shape)} along axis {ax} (concatenating along "
-                                     f"axis {self.axis})")
+                    raise self.error(
+                        f"bottoms differ in shape: {shape_str(first.shape)} vs "
+                        f"{shape_str(b.shape)} along axis {ax} (concatenating along "
+                        f"axis {self.axis})"
+                    )
             total += b.shape[self.axis]
         shape = list(first.shape)
         shape[self.axis] = total

@@ -17,6 +17,7 @@ The 1e-4 in the dissimilar term is Caffe's (it keeps a zero distance finite); mi
 so a net trains as in Caffe, at the price of a gradient 1e-4 / d_i off the exact one.  There is
 no gradient to y.
 """
+
 from ..layer import Layer, register
 from ._common import shape_str
 
@@ -41,11 +42,15 @@ class ContrastiveLoss(Layer):
     def reshape(self, bottom, top):
         a, b, y = bottom
         if a.shape != b.shape:
-            raise self.error(f"bottom[0] {shape_str(a.shape)} and bottom[1] {shape_str(b.shape)} must have the same shape")
+            raise self.error(
+                f"bottom[0] {shape_str(a.shape)} and bottom[1] {shape_str(b.shape)} must have the same shape"
+            )
         n = a.shape[0] if a.num_axes else 1
         if y.count != n:
-            raise self.error(f"bottom[2] (similarity labels) of shape {shape_str(y.shape)} has {y.count} values "
-                             f"but bottom[0] of shape {shape_str(a.shape)} has {n} items")
+            raise self.error(
+                f"bottom[2] (similarity labels) of shape {shape_str(y.shape)} has {y.count} values "
+                f"but bottom[0] of shape {shape_str(a.shape)} has {n} items"
+            )
         self.n = n
         top[0].reshape(())
 

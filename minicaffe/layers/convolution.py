@@ -38,6 +38,7 @@ and backward transposes the top diff once (M*N*P values, ~0.1 ms on conv2).  One
 over the whole chunk beats one GEMM per image writing straight into the top (fewer, larger
 calls).  No bottom diff is computed where the Net says none is needed (the first conv).
 """
+
 from ..layer import Layer, register
 from ._common import fill_blob, has, shape_str, spatial_geometry
 
@@ -62,14 +63,17 @@ class _Scratch:
 
 class _ConvBase(Layer):
     """What Convolution and Deconvolution share: parameters, geometry, shape checks."""
+
     min_bottom, max_bottom = 1, None
     min_top, max_top = 1, None
 
     def check_arity(self, bottom, top):
         super().check_arity(bottom, top)
         if len(bottom) != len(top):
-            raise self.error(f"takes as many tops as bottoms (one output per input), got "
-                             f"{len(bottom)} bottom(s) and {len(top)} top(s)")
+            raise self.error(
+                f"takes as many tops as bottoms (one output per input), got "
+                f"{len(bottom)} bottom(s) and {len(top)} top(s)"
+            )
 
     def layer_setup(self, bottom, top):
         p = self.param.convolution_param
@@ -77,10 +81,10 @@ class _ConvBase(Layer):
             raise self.error(f"axis {p.axis} is not supported: only axis 1 (N, C, H, W) is")
         x = bottom[0]
         if x.num_axes != 4:
-            raise self.error(f"bottom[0] has shape {shape_str(x.shape)}; only 2-d convolution "
-                             f"of 4-d blobs (N, C, H, W) is supported")
-        (self.kh, self.kw), (self.ph, self.pw), (self.sh, self.sw), (self.dh, self.dw) = \
-            spatial_geometry(self, p)
+            raise self.error(
+                f"bottom[0] has shape {shape_str(x.shape)}; only 2-d convolution of 4-d blobs (N, C, H, W) is supported"
+            )
+        (self.kh, self.kw), (self.ph, self.pw), (self.sh, self.sw), (self.dh, self.dw) = spatial_geometry(self, p)
         if not has(p, "num_output") or p.num_output <= 0:
             raise self.error("num_output must be given and positive")
         self.num_output = int(p.num_output)
@@ -89,8 +93,7 @@ class _ConvBase(Layer):
         if self.group <= 0:
             raise self.error(f"group must be positive, got {self.group}")
         if self.channels % self.group:
-            raise self.error(f"bottom[0] has {self.channels} channels but group {self.group} "
-                             f"does not divide it")
+            raise self.error(f"bottom[0] has {self.channels} channels but group {self.group} does not divide it")
         if self.num_output % self.group:
             raise self.error(f"num_output {self.num_output} is not divisible by group {self.group}")
         self.bias_term = bool(p.bias_term)
@@ -110,11 +113,15 @@ class _ConvBase(Layer):
             if b.num_axes != 4:
                 raise self.error(f"bottom[{i}] has shape {shape_str(b.shape)}; expected 4 axes (N, C, H, W)")
             if b.shape != first.shape:
-                raise self.error(f"all bottoms must have the same shape: bottom[0] {shape_str(first.shape)} "
-                                 f"vs bottom[{i}] {shape_str(b.shape)}")
+                raise self.error(
+                    f"all bottoms must have the same shape: bottom[0] {shape_str(first.shape)} "
+                    f"vs bottom[{i}] {shape_str(b.shape)}"
+                )
         if first.shape[1] != self.channels:
-            raise self.error(f"bottom[0] has {first.shape[1]} channels but the layer was set up "
-                             f"for {self.channels} (weights {shape_str(self.blobs[0].shape)})")
+            raise self.error(
+                f"bottom[0] has {first.shape[1]} channels but the layer was set up "
+                f"for {self.channels} (weights {shape_str(self.blobs[0].shape)})"
+            )
 
     def im2col(self, x, col, oh, ow):
         """col (C*kh*kw, n*OH*OW) = the columns of x (n, C, H, W): the backend's kernel."""
@@ -141,7 +148,8 @@ class Convolution(_ConvBase):
             raise self.error(
                 f"bottom[0] of shape {shape_str(bottom[0].shape)} is smaller than the dilated kernel "
                 f"({self.dh * (self.kh - 1) + 1}x{self.dw * (self.kw - 1) + 1}) with pad "
-                f"({self.ph},{self.pw}): output would be {oh}x{ow}")
+                f"({self.ph},{self.pw}): output would be {oh}x{ow}"
+            )
         self.out_h, self.out_w = oh, ow
         self._pointwise = (self.kh, self.kw, self.ph, self.pw, self.sh, self.sw) == (1, 1, 0, 0, 1, 1)
         for t in top:
@@ -157,7 +165,7 @@ class Convolution(_ConvBase):
         K = self.channels // G * self.kh * self.kw
         P = n * self.out_h * self.out_w
         if self._pointwise and n == 1:
-            col = x.reshape(G * K, P)             # a 1x1 conv of one image: the image is col
+            col = x.reshape(G * K, P)  # a 1x1 conv of one image: the image is col
         else:
             col = self._col.get(G * K, P)
             self.im2col(x, col, self.out_h, self.out_w)
@@ -165,8 +173,9 @@ class Convolution(_ConvBase):
         # With one image, (M, OH*OW) is already the top's layout: GEMM straight into it.
         out = y.reshape(M, P) if n == 1 else self._out.get(M, P)
         for g in range(G):
-            be.gemm(False, False, 1.0, w[g * Mg:(g + 1) * Mg], col[g * K:(g + 1) * K], 0.0,
-                    out[g * Mg:(g + 1) * Mg])
+            be.gemm(
+                False, False, 1.0, w[g * Mg : (g + 1) * Mg], col[g * K : (g + 1) * K], 0.0, out[g * Mg : (g + 1) * Mg]
+            )
         y3 = y.reshape(n, M, -1)
         if n == 1:
             if self.bias_term:
@@ -192,20 +201,34 @@ class Convolution(_ConvBase):
             self.blobs[1].diff[...] += dout.sum(axis=1)
         if self.param_propagate_down[0]:
             if self._col_key != key and not (self._pointwise and n == 1):
-                self.im2col(x, col, self.out_h, self.out_w)     # forward's columns are gone
+                self.im2col(x, col, self.out_h, self.out_w)  # forward's columns are gone
                 self._col_key = key
             dw = self.blobs[0].diff.reshape(M, K)
             for g in range(G):
-                be.gemm(False, True, 1.0, dout[g * Mg:(g + 1) * Mg], col[g * K:(g + 1) * K], 1.0,
-                        dw[g * Mg:(g + 1) * Mg])
+                be.gemm(
+                    False,
+                    True,
+                    1.0,
+                    dout[g * Mg : (g + 1) * Mg],
+                    col[g * K : (g + 1) * K],
+                    1.0,
+                    dw[g * Mg : (g + 1) * Mg],
+                )
         if dx is not None:
             # d(col) = w^T @ dout goes into the column buffer, then col2im sums it into dx.
             w = self.blobs[0].data.reshape(M, K)
             if self._pointwise and n == 1:
-                col = dx.reshape(G * K, P)       # d(col) is dx itself: the GEMMs write it
+                col = dx.reshape(G * K, P)  # d(col) is dx itself: the GEMMs write it
             for g in range(G):
-                be.gemm(True, False, 1.0, w[g * Mg:(g + 1) * Mg], dout[g * Mg:(g + 1) * Mg], 0.0,
-                        col[g * K:(g + 1) * K])
+                be.gemm(
+                    True,
+                    False,
+                    1.0,
+                    w[g * Mg : (g + 1) * Mg],
+                    dout[g * Mg : (g + 1) * Mg],
+                    0.0,
+                    col[g * K : (g + 1) * K],
+                )
             self._col_key = None
             if not (self._pointwise and n == 1):
                 be.col2im(col, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, dx)
@@ -220,8 +243,8 @@ class Convolution(_ConvBase):
             step = self._step(n)
             x, y = b.data, t.data
             for s in range(0, n, step):
-                self._forward_chunk(x[s:s + step], y[s:s + step])
-                self._col_key = (i, s)      # the column buffer holds im2col of this chunk
+                self._forward_chunk(x[s : s + step], y[s : s + step])
+                self._col_key = (i, s)  # the column buffer holds im2col of this chunk
 
     def backward(self, top, propagate_down, bottom):
         need_params = any(self.param_propagate_down)
@@ -238,5 +261,6 @@ class Convolution(_ConvBase):
                 starts.remove(self._col_key[1])
                 starts.insert(0, self._col_key[1])
             for s in starts:
-                self._backward_chunk((i, s), x[s:s + step], dy[s:s + step],
-                                     None if dx is None else dx[s:s + step])
+                self._backward_chunk(
+                    (i, s), x[s : s + step], dy[s : s + step], None if dx is None else dx[s : s + step]
+                )

@@ -7,6 +7,7 @@
 cropped axis.  Backward: dx = 0 with dy put back in the window; bottom[1] only gives a shape
 and gets no gradient.
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, shape_str
 
@@ -23,15 +24,17 @@ class Crop(Layer):
     def reshape(self, bottom, top):
         x, ref = bottom
         if x.num_axes != ref.num_axes:
-            raise self.error(f"bottom[0] {shape_str(x.shape)} and bottom[1] {shape_str(ref.shape)} need the "
-                             f"same number of axes")
+            raise self.error(
+                f"bottom[0] {shape_str(x.shape)} and bottom[1] {shape_str(ref.shape)} need the same number of axes"
+            )
         p = self.param.crop_param
         axis = axis_index(self, x, p.axis)
         offsets = [int(o) for o in p.offset]
         n = x.num_axes - axis
         if len(offsets) not in (0, 1, n):
-            raise self.error(f"crop_param gives {len(offsets)} offsets; give none, one, or {n} "
-                             f"(one per axis from {axis})")
+            raise self.error(
+                f"crop_param gives {len(offsets)} offsets; give none, one, or {n} (one per axis from {axis})"
+            )
         if len(offsets) <= 1:
             offsets = (offsets or [0]) * n
         window = [slice(None)] * axis
@@ -40,8 +43,10 @@ class Crop(Layer):
             a = axis + k
             size = ref.shape[a]
             if o + size > x.shape[a]:
-                raise self.error(f"axis {a}: offset {o} + size {size} exceeds bottom[0]'s {x.shape[a]} "
-                                 f"(bottom[0] {shape_str(x.shape)}, bottom[1] {shape_str(ref.shape)})")
+                raise self.error(
+                    f"axis {a}: offset {o} + size {size} exceeds bottom[0]'s {x.shape[a]} "
+                    f"(bottom[0] {shape_str(x.shape)}, bottom[1] {shape_str(ref.shape)})"
+                )
             window.append(slice(o, o + size))
             shape.append(size)
         self.window = tuple(window)

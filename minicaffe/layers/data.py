@@ -25,6 +25,7 @@ default is 4).  ``rand_skip`` skips a random number (< rand_skip) of images at t
 Caffe.  ``state_dict()`` / ``load_state_dict()`` save and restore the reader's position, so a
 resumed run reads the same batches it would have read.
 """
+
 import zlib
 
 import numpy as np
@@ -67,7 +68,7 @@ class Data(Layer):
     def layer_setup(self, bottom, top):
         dp = self.param.data_param
         if not dp.source:
-            raise self.error("data_param { source: ... } is required (a dataset name such as \"mnist_train\")")
+            raise self.error('data_param { source: ... } is required (a dataset name such as "mnist_train")')
         if not dp.batch_size:
             raise self.error("data_param { batch_size: ... } is required and must be positive")
         try:
@@ -82,8 +83,14 @@ class Data(Layer):
         self.dataset = dataset
         self.batch_size = int(dp.batch_size)
         shuffle = options.get("shuffle", self.phase == "TRAIN")
-        reader = BatchReader(dataset, self.batch_size, transformer, shuffle=shuffle,
-                             seed=layer_seed(self.name, self.phase), dtype=self.dtype)
+        reader = BatchReader(
+            dataset,
+            self.batch_size,
+            transformer,
+            shuffle=shuffle,
+            seed=layer_seed(self.name, self.phase),
+            dtype=self.dtype,
+        )
         start = 0
         if dp.rand_skip:
             start = int(np.random.default_rng([reader.seed, 2]).integers(dp.rand_skip)) % len(dataset)

@@ -18,9 +18,10 @@ Backward::
     dw[g] += xm[g] @ dcol[g]^T                      (accumulates)
     dx = w[g] @ dcol[g]                             laid back out to (N, C, H, W)
 """
+
 from ..layer import register
-from .convolution import _ConvBase, _Scratch
 from ._common import shape_str
+from .convolution import _ConvBase, _Scratch
 
 
 @register
@@ -40,8 +41,10 @@ class Deconvolution(_ConvBase):
         oh = self.sh * (h - 1) + self.dh * (self.kh - 1) + 1 - 2 * self.ph
         ow = self.sw * (w - 1) + self.dw * (self.kw - 1) + 1 - 2 * self.pw
         if oh <= 0 or ow <= 0:
-            raise self.error(f"bottom[0] of shape {shape_str(bottom[0].shape)} with pad "
-                             f"({self.ph},{self.pw}) gives an empty output ({oh}x{ow})")
+            raise self.error(
+                f"bottom[0] of shape {shape_str(bottom[0].shape)} with pad "
+                f"({self.ph},{self.pw}) gives an empty output ({oh}x{ow})"
+            )
         self.out_h, self.out_w = oh, ow
         for t in top:
             t.reshape(n, self.num_output, oh, ow)
@@ -67,12 +70,19 @@ class Deconvolution(_ConvBase):
             n, _, h, w = b.shape
             step = self._step(n, h, w)
             for s in range(0, n, step):
-                x, y = b.data[s:s + step], t.data[s:s + step]
+                x, y = b.data[s : s + step], t.data[s : s + step]
                 xm = self._xmat(x)
                 col = self._col.get(G * Kd, xm.shape[1])
                 for g in range(G):
-                    be.gemm(True, False, 1.0, wmat[g * Cg:(g + 1) * Cg], xm[g * Cg:(g + 1) * Cg], 0.0,
-                            col[g * Kd:(g + 1) * Kd])
+                    be.gemm(
+                        True,
+                        False,
+                        1.0,
+                        wmat[g * Cg : (g + 1) * Cg],
+                        xm[g * Cg : (g + 1) * Cg],
+                        0.0,
+                        col[g * Kd : (g + 1) * Kd],
+                    )
                 be.col2im(col, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, y)
                 if self.bias_term:
                     y += self.blobs[1].data.reshape(1, M, 1, 1)
@@ -90,7 +100,7 @@ class Deconvolution(_ConvBase):
             n, _, h, w = b.shape
             step = self._step(n, h, w)
             for s in range(0, n, step):
-                x, dy = b.data[s:s + step], t.diff[s:s + step]
+                x, dy = b.data[s : s + step], t.diff[s : s + step]
                 nb = x.shape[0]
                 dcol = self._col.get(G * Kd, nb * h * w)
                 be.im2col(dy, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, dcol)
@@ -98,13 +108,27 @@ class Deconvolution(_ConvBase):
                     xm = self._xmat(x)
                     dw = self.blobs[0].diff.reshape(C, Kd)
                     for g in range(G):
-                        be.gemm(False, True, 1.0, xm[g * Cg:(g + 1) * Cg], dcol[g * Kd:(g + 1) * Kd], 1.0,
-                                dw[g * Cg:(g + 1) * Cg])
+                        be.gemm(
+                            False,
+                            True,
+                            1.0,
+                            xm[g * Cg : (g + 1) * Cg],
+                            dcol[g * Kd : (g + 1) * Kd],
+                            1.0,
+                            dw[g * Cg : (g + 1) * Cg],
+                        )
                 if propagate_down[i]:
-                    dx = b.diff[s:s + step]
+                    dx = b.diff[s : s + step]
                     dxm = dx.reshape(C, -1) if nb == 1 else self._xm.get(C, nb * h * w)
                     for g in range(G):
-                        be.gemm(False, False, 1.0, wmat[g * Cg:(g + 1) * Cg], dcol[g * Kd:(g + 1) * Kd], 0.0,
-                                dxm[g * Cg:(g + 1) * Cg])
+                        be.gemm(
+                            False,
+                            False,
+                            1.0,
+                            wmat[g * Cg : (g + 1) * Cg],
+                            dcol[g * Kd : (g + 1) * Kd],
+                            0.0,
+                            dxm[g * Cg : (g + 1) * Cg],
+                        )
                     if nb > 1:
                         dx.reshape(nb, C, -1)[...] = dxm.reshape(C, nb, -1).transpose(1, 0, 2)

@@ -12,6 +12,7 @@ from ..layer import register
 from ..rng import get_rng
 from ._common import Neuron
 
+
 @register
 class Dropout(Neuron):
     type = "Dropout"

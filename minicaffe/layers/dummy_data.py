@@ -12,6 +12,7 @@ per top; ``shape`` once (every top) or once per top, or else the legacy ``num``/
 setup; the others are refilled on every forward (new random values each batch, from
 minicaffe.rng).
 """
+
 from .. import filler as _filler
 from ..layer import Layer, register
 from ..proto import Message
@@ -38,8 +39,10 @@ class DummyData(Layer):
                 raise self.error("give either shape or the legacy num/channels/height/width, not both")
             for key, values in legacy.items():
                 if len(values) not in (1, n):
-                    raise self.error(f"legacy dimension '{key}' is given {len(values)} times for {n} tops; "
-                                     f"give it once or {n} times (all four of num, channels, height, width)")
+                    raise self.error(
+                        f"legacy dimension '{key}' is given {len(values)} times for {n} tops; "
+                        f"give it once or {n} times (all four of num, channels, height, width)"
+                    )
             shapes = [tuple(int(legacy[k][i if len(legacy[k]) > 1 else 0]) for k in legacy) for i in range(n)]
         else:
             given = [tuple(int(d) for d in s.dim) for s in p.shape]

@@ -10,6 +10,7 @@
 
 MAX breaks ties as Caffe does: between bottoms 0 and 1 the later wins, after that the earlier.
 """
+
 from ..layer import Layer, register
 from ._common import shape_str
 
@@ -36,8 +37,10 @@ class Eltwise(Layer):
     def reshape(self, bottom, top):
         for i, b in enumerate(bottom[1:], 1):
             if b.shape != bottom[0].shape:
-                raise self.error(f"bottoms differ in shape: bottom[0] {shape_str(bottom[0].shape)} vs "
-                                 f"bottom[{i}] {shape_str(b.shape)}")
+                raise self.error(
+                    f"bottoms differ in shape: bottom[0] {shape_str(bottom[0].shape)} vs "
+                    f"bottom[{i}] {shape_str(b.shape)}"
+                )
         if top[0] is not bottom[0]:
             top[0].reshape(bottom[0].shape)
 

@@ -3,6 +3,7 @@
 Backward: dx = dy where x > 0, dy * (y + alpha) elsewhere.  In place works: y > 0 exactly where
 x > 0 (for alpha >= 0), and the rest reads y.
 """
+
 from ..layer import register
 from ._common import Neuron
 

@@ -7,6 +7,7 @@
 Backward: dW[ids[k]] += dy[k] for every k (repeated ids sum), db += sum_k dy[k]; no gradient
 to the ids.
 """
+
 from ..layer import Layer, register
 from ._common import fill_blob, has
 

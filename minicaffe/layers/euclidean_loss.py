@@ -4,6 +4,7 @@ Backward to both bottoms (either may be the prediction)::
 
     da = +loss_weight / N * (a - b)       db = -loss_weight / N * (a - b)
 """
+
 from ..layer import Layer, register
 from ._common import shape_str
 
@@ -21,8 +22,10 @@ class EuclideanLoss(Layer):
     def reshape(self, bottom, top):
         a, b = bottom
         if a.count != b.count or (a.num_axes and b.num_axes and a.shape[0] != b.shape[0]):
-            raise self.error(f"bottoms differ in shape: {shape_str(a.shape)} vs {shape_str(b.shape)} "
-                             f"(they need the same number of items and values)")
+            raise self.error(
+                f"bottoms differ in shape: {shape_str(a.shape)} vs {shape_str(b.shape)} "
+                f"(they need the same number of items and values)"
+            )
         self.d.reshape(a.shape)
         top[0].reshape(())
 

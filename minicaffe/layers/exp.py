@@ -2,6 +2,7 @@
 
 Backward: dx = dy * y * ln(base) * scale.  It reads only y, so in place works.
 """
+
 import math
 
 from ..layer import register
@@ -18,7 +19,7 @@ class Exp(Neuron):
         if base != -1.0 and base <= 0:
             raise self.error(f"base must be positive (or -1 for e), got {base:g}")
         log_base = 1.0 if base == -1.0 else math.log(base)
-        self.inner_scale = log_base * float(p.scale)            # y = exp(inner_scale * x + inner_shift)
+        self.inner_scale = log_base * float(p.scale)  # y = exp(inner_scale * x + inner_shift)
         self.inner_shift = log_base * float(p.shift)
 
     def forward(self, bottom, top):

@@ -3,6 +3,7 @@
 (N, C, H, W) -> (N, C*H*W) with the defaults.  The values are copied (Caffe shares memory);
 backward copies dy back.  Not in place: the top has another shape.
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, count
 
@@ -22,7 +23,7 @@ class Flatten(Layer):
         end = axis_index(self, x, p.end_axis, "end_axis")
         if end < start:
             raise self.error(f"end_axis {p.end_axis} comes before axis {p.axis} in bottom[0] of shape {x.shape}")
-        shape = tuple(x.shape[:start]) + (count(x.shape, start, end + 1),) + tuple(x.shape[end + 1:])
+        shape = tuple(x.shape[:start]) + (count(x.shape, start, end + 1),) + tuple(x.shape[end + 1 :])
         top[0].reshape(shape)
 
     def forward(self, bottom, top):

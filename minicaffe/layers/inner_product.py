@@ -13,6 +13,7 @@ Backward::
     db += sum_M dy
     dx  = dy W          (transpose: dx = dy W^T)
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, count, fill_blob, has, shape_str
 
@@ -45,8 +46,10 @@ class InnerProduct(Layer):
         axis = axis_index(self, x, self.param.inner_product_param.axis)
         k = count(x.shape, axis)
         if k != self.K:
-            raise self.error(f"bottom[0] of shape {shape_str(x.shape)} has {k} inputs per item from axis "
-                             f"{axis}, but the weights {shape_str(self.blobs[0].shape)} expect {self.K}")
+            raise self.error(
+                f"bottom[0] of shape {shape_str(x.shape)} has {k} inputs per item from axis "
+                f"{axis}, but the weights {shape_str(self.blobs[0].shape)} expect {self.K}"
+            )
         self.axis = axis
         self.M = count(x.shape, 0, axis)
         top[0].reshape(tuple(x.shape[:axis]) + (self.num_output,))

@@ -3,6 +3,7 @@
 ``input_param { shape { dim: 64 dim: 1 dim: 28 dim: 28 } }``: one shape for every top, or one
 shape per top (or none: the tops are shaped from outside).  Forward does nothing; reshaping the net keeps whatever shape the user gave a top.
 """
+
 from ..layer import Layer, register
 
 
@@ -15,8 +16,10 @@ class Input(Layer):
     def layer_setup(self, bottom, top):
         shapes = list(self.param.input_param.shape)
         if len(shapes) not in (0, 1, len(top)):
-            raise self.error(f"input_param gives {len(shapes)} shapes for {len(top)} tops; give one "
-                             f"shape for all tops or one per top")
+            raise self.error(
+                f"input_param gives {len(shapes)} shapes for {len(top)} tops; give one "
+                f"shape for all tops or one per top"
+            )
         for i, t in enumerate(top if shapes else []):
             dims = [int(d) for d in shapes[0 if len(shapes) == 1 else i].dim]
             if any(d < 0 for d in dims):

@@ -3,6 +3,7 @@
 Backward: dx = dy * scale / ((shift + scale * x) * ln(base)).  In place keeps a copy of
 shift + scale * x, which y loses.
 """
+
 import math
 
 from ..layer import register
@@ -24,7 +25,7 @@ class Log(Neuron):
 
     def forward(self, bottom, top):
         xp = self.xp
-        u = bottom[0].data * self.scale          # a fresh array: shift + scale * x, kept for backward
+        u = bottom[0].data * self.scale  # a fresh array: shift + scale * x, kept for backward
         if self.shift:
             u += self.shift
         self._u = u

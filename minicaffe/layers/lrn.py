@@ -17,6 +17,7 @@ is not used there, as in Caffe)::
 
 The window is symmetric, so the backward sum runs over the same window.
 """
+
 from ..layer import register
 from ._common import Neuron, in_place, shape_str
 

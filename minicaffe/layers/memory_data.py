@@ -11,6 +11,7 @@ next batch_size items and wraps around at N, as Caffe.  No transform is applied 
 C-contiguous arrays and keeps a reference to them; minicaffe accepts any real dtype and keeps a
 copy in the net's float type.
 """
+
 import numpy as np
 
 from ..layer import Layer, register
@@ -25,8 +26,9 @@ class MemoryData(Layer):
         p = self.param.memory_data_param
         dims = (int(p.batch_size), int(p.channels), int(p.height), int(p.width))
         if min(dims) <= 0:
-            raise self.error("memory_data_param needs batch_size, channels, height and width, all positive; "
-                             f"got {dims}")
+            raise self.error(
+                f"memory_data_param needs batch_size, channels, height and width, all positive; got {dims}"
+            )
         self.batch_size, self.channels, self.height, self.width = dims
         self._data = self._labels = None
         self.pos = 0
@@ -42,14 +44,19 @@ class MemoryData(Layer):
         if data.ndim != 4 or tuple(data.shape[1:]) != want:
             raise self.error(f"set_input_arrays: data must be (N, {', '.join(map(str, want))}), got {data.shape}")
         if labels.size != data.shape[0] or (labels.ndim > 1 and labels.shape[0] != data.shape[0]):
-            raise self.error(f"set_input_arrays: {data.shape[0]} images but labels of shape {labels.shape}; "
-                             f"give one label per image, shape (N,) or (N, 1, 1, 1)")
+            raise self.error(
+                f"set_input_arrays: {data.shape[0]} images but labels of shape {labels.shape}; "
+                f"give one label per image, shape (N,) or (N, 1, 1, 1)"
+            )
         if data.shape[0] == 0 or data.shape[0] % self.batch_size:
-            raise self.error(f"set_input_arrays: the number of images ({data.shape[0]}) must be a positive multiple "
-                             f"of batch_size {self.batch_size}")
+            raise self.error(
+                f"set_input_arrays: the number of images ({data.shape[0]}) must be a positive multiple "
+                f"of batch_size {self.batch_size}"
+            )
         if data.dtype.kind not in "uif" or labels.dtype.kind not in "uifb":
-            raise self.error(f"set_input_arrays: data and labels must be real numbers, got {data.dtype} and "
-                             f"{labels.dtype}")
+            raise self.error(
+                f"set_input_arrays: data and labels must be real numbers, got {data.dtype} and {labels.dtype}"
+            )
         self._data = np.ascontiguousarray(data, dtype=self.dtype)
         self._labels = np.ascontiguousarray(labels.reshape(-1), dtype=self.dtype)
         self.pos = 0
@@ -66,11 +73,12 @@ class MemoryData(Layer):
 
     def forward(self, bottom, top):
         if self._data is None:
-            raise self.error("has no data: call net.set_input_arrays(data, labels) (or this layer's "
-                             "set_input_arrays) before forward")
+            raise self.error(
+                "has no data: call net.set_input_arrays(data, labels) (or this layer's set_input_arrays) before forward"
+            )
         end = self.pos + self.batch_size
-        top[0].data = self._data[self.pos:end]
-        top[1].data = self._labels[self.pos:end]
+        top[0].data = self._data[self.pos : end]
+        top[1].data = self._labels[self.pos : end]
         self.pos = end % self._data.shape[0]
 
     def state_dict(self):

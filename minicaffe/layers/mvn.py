@@ -10,6 +10,7 @@ Backward (Caffe's, exact at eps = 0; eps defaults to 1e-9)::
     dx = dy - mean(dy)                                      (no variance)
     dx = (dy - mean(dy) - y * mean(dy * y)) / (std + eps)
 """
+
 from ..layer import Layer, register
 from ._common import count
 

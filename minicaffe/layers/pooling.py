@@ -21,6 +21,7 @@ AVE divides by the window clipped to the padded image (H + ph, W + pw), as Caffe
 window hanging over the padding still counts the pad cells it covers.
 STOCHASTIC pooling is not supported.
 """
+
 import math
 
 import numpy as np
@@ -90,8 +91,10 @@ class Pooling(Layer):
         self.pooled_h = self._pooled(h, self.kh, self.ph, self.sh)
         self.pooled_w = self._pooled(w, self.kw, self.pw, self.sw)
         if self.pooled_h <= 0 or self.pooled_w <= 0:
-            raise self.error(f"bottom[0] of shape {shape_str(x.shape)} is smaller than the kernel "
-                             f"({self.kh},{self.kw}) with pad ({self.ph},{self.pw})")
+            raise self.error(
+                f"bottom[0] of shape {shape_str(x.shape)} is smaller than the kernel "
+                f"({self.kh},{self.kw}) with pad ({self.ph},{self.pw})"
+            )
         shape = (n, c, self.pooled_h, self.pooled_w)
         for t in top:
             t.reshape(shape)
@@ -105,13 +108,13 @@ class Pooling(Layer):
         rounded = math.ceil(span / stride) if self.ceil_mode else math.floor(span / stride)
         out = int(rounded) + 1
         if (out - 1) * stride >= size + pad:
-            out -= 1     # the last window would start in the trailing padding (or past the image)
+            out -= 1  # the last window would start in the trailing padding (or past the image)
         return out
 
     def forward(self, bottom, top):
         x, y = bottom[0].data, top[0].data
         if self.method == "MAX":
-            mask = self._mask[:top[0].count].reshape(top[0].shape)
+            mask = self._mask[: top[0].count].reshape(top[0].shape)
             self.backend.max_pool_fwd(x, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, y, mask)
             if len(top) > 1:
                 top[1].data[...] = mask
@@ -123,7 +126,7 @@ class Pooling(Layer):
             return
         dy, dx = top[0].diff, bottom[0].diff
         if self.method == "MAX":
-            mask = self._mask[:top[0].count].reshape(top[0].shape)
+            mask = self._mask[: top[0].count].reshape(top[0].shape)
             self.backend.max_pool_bwd(dy, mask, dx)
         else:
             self.backend.ave_pool_bwd(dy, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, dx)

@@ -3,6 +3,7 @@
 Backward: dx = dy * power * scale * (shift + scale * x) ^ (power - 1)  (0 when power is 0 or
 scale is 0).  In place keeps a copy of x, which backward needs.
 """
+
 from ..layer import register
 from ._common import Neuron, in_place
 

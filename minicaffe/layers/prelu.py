@@ -9,6 +9,7 @@ Shapes: bottom/top (N, C, ...); slope a (C,), or (1,) with ``channel_shared: tru
 The slope is filled by ``filler`` (default: constant 0.25, as in Caffe).  In place keeps a copy
 of x for backward.
 """
+
 from ..layer import register
 from ..proto import Message
 from ._common import Neuron, fill_blob, has, in_place, shape_str
@@ -34,8 +35,9 @@ class PReLU(Neuron):
     def reshape(self, bottom, top):
         x = bottom[0]
         if x.num_axes < 2 or x.shape[1] != self.channels:
-            raise self.error(f"bottom[0] has shape {shape_str(x.shape)} but the layer was set up for "
-                             f"{self.channels} channels")
+            raise self.error(
+                f"bottom[0] has shape {shape_str(x.shape)} but the layer was set up for {self.channels} channels"
+            )
         super().reshape(bottom, top)
 
     def _slope(self, n_axes):

@@ -12,6 +12,7 @@ methods ``setup(bottom, top)``, ``reshape(bottom, top)``, ``forward(bottom, top)
 This wrapper runs those methods in Caffe's order; a Python layer has no loss weight unless the
 prototxt gives ``loss_weight``.
 """
+
 import importlib
 
 from ..blob import Blob
@@ -39,6 +40,7 @@ class Python(Layer):
 
     def __init__(self, param, backend=None, dtype=None, phase="TRAIN"):
         import numpy as np
+
         super().__init__(param, backend=backend, dtype=np.float32 if dtype is None else dtype, phase=phase)
         p = param.python_param
         if not p.module or not p.layer:

@@ -10,6 +10,7 @@ Operations and their backward (c = coeff)::
     SUMSQ   y = c sum x^2        dx = 2 c x dy
     MEAN    y = c sum x / inner  dx = c dy / inner
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, count
 

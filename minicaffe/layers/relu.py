@@ -3,6 +3,7 @@
 Backward: dx = dy where x > 0, negative_slope * dy elsewhere.  In place is fine: y > 0 exactly
 where x > 0, so backward may read the overwritten bottom.
 """
+
 from ..layer import register
 from ._common import Neuron
 

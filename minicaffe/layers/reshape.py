@@ -5,6 +5,7 @@
 inferred from the count.  E.g. shape { dim: 0 dim: -1 } on (2, 3, 4) gives (2, 12).
 The values are copied (Caffe shares memory); not in place.
 """
+
 from ..layer import Layer, register
 from ._common import count, shape_str
 
@@ -41,20 +42,25 @@ class Reshape(Layer):
         for i, d in enumerate(self.dims):
             if d == 0:
                 if start + i >= n:
-                    raise self.error(f"shape dim {i} is 0 (copy) but bottom[0] {shape_str(x.shape)} has "
-                                     f"no axis {start + i}")
+                    raise self.error(
+                        f"shape dim {i} is 0 (copy) but bottom[0] {shape_str(x.shape)} has no axis {start + i}"
+                    )
                 d = x.shape[start + i]
             new.append(d)
         shape = list(x.shape[:start]) + new + list(x.shape[end:])
         if -1 in new:
             known = count([d for d in shape if d != -1])
             if known == 0 or x.count % known:
-                raise self.error(f"cannot infer the -1 dim: bottom[0] {shape_str(x.shape)} has {x.count} "
-                                 f"values, not a multiple of the other dims' product {known}")
+                raise self.error(
+                    f"cannot infer the -1 dim: bottom[0] {shape_str(x.shape)} has {x.count} "
+                    f"values, not a multiple of the other dims' product {known}"
+                )
             shape[shape.index(-1)] = x.count // known
         if count(shape) != x.count:
-            raise self.error(f"the new shape {shape_str(shape)} holds {count(shape)} values but bottom[0] "
-                             f"{shape_str(x.shape)} holds {x.count}")
+            raise self.error(
+                f"the new shape {shape_str(shape)} holds {count(shape)} values but bottom[0] "
+                f"{shape_str(x.shape)} holds {x.count}"
+            )
         top[0].reshape(tuple(shape))
 
     def forward(self, bottom, top):

@@ -12,6 +12,7 @@ x is read as (outer, dim, inner), dim = s.count::
 
 In place keeps a copy of x, which ds needs.
 """
+
 from ..layer import Layer, register
 from ..proto import Message
 from ._common import fill_blob, has, in_place
@@ -45,8 +46,9 @@ class Scale(Layer):
 
     def reshape(self, bottom, top):
         s = self._s(bottom)
-        self.dims = broadcast_dims(self, bottom[0], s.shape, self.param.scale_param.axis,
-                                   "bottom[1]" if len(bottom) > 1 else "the scale")
+        self.dims = broadcast_dims(
+            self, bottom[0], s.shape, self.param.scale_param.axis, "bottom[1]" if len(bottom) > 1 else "the scale"
+        )
         if self.bias_term and self.blobs[-1].count != s.count:
             raise self.error(f"the bias {self.blobs[-1].shape} does not match the scale {s.shape}")
         if top[0] is not bottom[0]:

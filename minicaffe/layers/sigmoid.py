@@ -1,4 +1,5 @@
 """Sigmoid: y = 1 / (1 + exp(-x));  backward dx = dy * y * (1 - y) (reads the top, so in place works)."""
+
 from ..layer import register
 from ._common import Neuron
 

@@ -9,6 +9,7 @@ Shapes: bottom[0] scores x and bottom[1] targets t, the same count; top[0] the l
 ``normalization`` as SoftmaxWithLoss with outer = N (bottom[0].shape[0]) and inner = the rest;
 the default here is BATCH_SIZE, as in Caffe.  No gradient to the targets.
 """
+
 from ..layer import Layer, register
 from ._common import count, has, loss_normalization, loss_normalizer, shape_str
 
@@ -34,8 +35,10 @@ class SigmoidCrossEntropyLoss(Layer):
     def reshape(self, bottom, top):
         x, t = bottom
         if x.count != t.count:
-            raise self.error(f"bottom[0] {shape_str(x.shape)} and bottom[1] {shape_str(t.shape)} "
-                             f"must have the same count ({x.count} vs {t.count})")
+            raise self.error(
+                f"bottom[0] {shape_str(x.shape)} and bottom[1] {shape_str(t.shape)} "
+                f"must have the same count ({x.count} vs {t.count})"
+            )
         self.outer = x.shape[0] if x.num_axes else 1
         self.inner = count(x.shape, 1)
         self.sig.reshape(x.shape)

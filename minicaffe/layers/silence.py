@@ -1,5 +1,6 @@
 """Silence: consume bottoms nobody else uses (so they are not net outputs); no tops.
 Backward gives the bottoms a zero gradient."""
+
 from ..layer import Layer, register
 
 

@@ -3,6 +3,7 @@
 ``slice_point``s (increasing, one fewer than the tops) say where to cut; without them the axis
 is cut into len(top) equal parts.  Backward writes each top's diff back into its slice.
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, has, shape_str
 
@@ -20,8 +21,7 @@ class Slice(Layer):
         self.axis_param = int(p.slice_dim) if has(p, "slice_dim") else int(p.axis)
         self.points = [int(v) for v in p.slice_point]
         if self.points and len(self.points) != len(top) - 1:
-            raise self.error(f"{len(self.points)} slice_point(s) need {len(self.points) + 1} tops, "
-                             f"got {len(top)}")
+            raise self.error(f"{len(self.points)} slice_point(s) need {len(self.points) + 1} tops, got {len(top)}")
 
     def reshape(self, bottom, top):
         x = bottom[0]
@@ -30,12 +30,16 @@ class Slice(Layer):
         if self.points:
             bounds = [0] + self.points + [size]
             if any(b >= e for b, e in zip(bounds, bounds[1:])):
-                raise self.error(f"slice_point {self.points} must increase strictly inside (0, {size}) "
-                                 f"for bottom[0] {shape_str(x.shape)} along axis {self.axis}")
+                raise self.error(
+                    f"slice_point {self.points} must increase strictly inside (0, {size}) "
+                    f"for bottom[0] {shape_str(x.shape)} along axis {self.axis}"
+                )
         else:
             if size % len(top):
-                raise self.error(f"bottom[0] {shape_str(x.shape)} has {size} along axis {self.axis}, "
-                                 f"which does not split evenly into {len(top)} tops")
+                raise self.error(
+                    f"bottom[0] {shape_str(x.shape)} has {size} along axis {self.axis}, "
+                    f"which does not split evenly into {len(top)} tops"
+                )
             step = size // len(top)
             bounds = list(range(0, size + 1, step))
         self.bounds = bounds

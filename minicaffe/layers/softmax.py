@@ -5,6 +5,7 @@ The bottom is read as (outer, C, inner) with C the softmax axis::
     y[o, :, i] = exp(x[o, :, i] - max) / sum(exp(x[o, :, i] - max))
     dx = (dy - sum_c(dy * y)) * y
 """
+
 from ..layer import register
 from ._common import Neuron, axis_index, count, in_place
 

@@ -12,6 +12,7 @@ FULL (outer*inner) | VALID (non-ignored count, the default) | BATCH_SIZE (outer)
 and the legacy ``normalize: false`` = BATCH_SIZE.  The loss weight is read from top[0].diff.
 There is no gradient to the labels.
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, count, has, loss_normalization, loss_normalizer, shape_str
 
@@ -44,7 +45,8 @@ class SoftmaxWithLoss(Layer):
             raise self.error(
                 f"bottom[1] (labels) of shape {shape_str(label.shape)} has {label.count} values but "
                 f"bottom[0] of shape {shape_str(x.shape)} needs {self.outer * self.inner} (one per item "
-                f"outside the softmax axis {self.axis})")
+                f"outside the softmax axis {self.axis})"
+            )
         self.prob.reshape(x.shape)
         top[0].reshape(())
         if len(top) > 1:
@@ -59,9 +61,10 @@ class SoftmaxWithLoss(Layer):
             valid |= lab == self.ignore_label
         if not bool(valid.all()):
             bad = lab[~valid]
-            raise self.error(f"bottom[1] holds label {float(bad.ravel()[0]):g}, outside [0, {c}) "
-                             f"for {c} classes" + (f" and not the ignore_label {self.ignore_label}"
-                                                   if self.has_ignore else ""))
+            raise self.error(
+                f"bottom[1] holds label {float(bad.ravel()[0]):g}, outside [0, {c}) "
+                f"for {c} classes" + (f" and not the ignore_label {self.ignore_label}" if self.has_ignore else "")
+            )
         if lab.dtype != self.dtype:
             lab = xp.asarray(lab, dtype=self.dtype)
         return lab
@@ -84,5 +87,11 @@ class SoftmaxWithLoss(Layer):
             return
         scale = float(top[0].diff.reshape(-1)[0]) / self.normalizer
         lab = self._labels(bottom[1])
-        self.backend.softmax_loss_bwd(self.prob.data.reshape(self.dims), lab, self.ignore_label,
-                                      self.has_ignore, scale, bottom[0].diff.reshape(self.dims))
+        self.backend.softmax_loss_bwd(
+            self.prob.data.reshape(self.dims),
+            lab,
+            self.ignore_label,
+            self.has_ignore,
+            scale,
+            bottom[0].diff.reshape(self.dims),
+        )

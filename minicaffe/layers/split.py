@@ -1,6 +1,7 @@
 """Split: hand one bottom to several consumers (the Net inserts it when a blob feeds several
 layers).  Each top gets a copy of x; backward sums the tops' diffs into dx.
 """
+
 from ..layer import Layer, register
 
 
@@ -26,7 +27,7 @@ class Split(Layer):
             return
         b = bottom[0]
         rest = [t for t in top if t is not b]
-        if len(rest) == len(top):        # not in place: start from the first top
+        if len(rest) == len(top):  # not in place: start from the first top
             b.flat_diff[...] = rest[0].flat_diff
             rest = rest[1:]
         for t in rest:

@@ -3,6 +3,7 @@
 Backward (Caffe's form, from y and s = sigmoid(beta x)): dx = dy * (beta y + s (1 - beta y)).
 Forward keeps s, so in place works.
 """
+
 from ..layer import register
 from ._common import Neuron
 
@@ -26,5 +27,5 @@ class Swish(Neuron):
         if propagate_down[0]:
             by = top[0].data * self.beta
             g = self._s * (1.0 - by)
-            g += by                                # dx may be dy (in place): multiply last
+            g += by  # dx may be dy (in place): multiply last
             self.xp.multiply(top[0].diff, g, out=bottom[0].diff)

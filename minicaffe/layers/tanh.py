@@ -1,4 +1,5 @@
 """TanH: y = tanh(x);  backward dx = dy * (1 - y^2) (reads the top, so in place works)."""
+
 from ..layer import register
 from ._common import Neuron
 

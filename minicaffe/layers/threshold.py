@@ -3,6 +3,7 @@
 Caffe gives it no backward (it aborts); the derivative is 0 wherever it exists, so minicaffe
 writes dx = 0.
 """
+
 from ..layer import register
 from ._common import Neuron
 

@@ -5,6 +5,7 @@
 read as x (outer, 1, inner) -> y (outer, tiles, inner) with outer = count before ``axis`` and
 inner = count from it on.  Backward sums the tiles: dx = dy.sum over the tiles axis.
 """
+
 from ..layer import Layer, register
 from ._common import axis_index, count
 

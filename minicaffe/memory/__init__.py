@@ -7,9 +7,22 @@
 See lifetimes.py (the schedule and the rules), planner.py (placement, poison), flat.py (flat
 parameter vectors), report.py (the report), and docs/PARALLEL.md.
 """
+
 from .flat import ParamLayout, attach_history
 from .lifetimes import BACKWARD_READS, Buffer, net_buffers
 from .planner import Arena, NetPlan, dry_run, peak_bytes, place, plan_memory, plan_net
 
-__all__ = ["plan_memory", "plan_net", "NetPlan", "Arena", "Buffer", "place", "peak_bytes", "dry_run",
-           "net_buffers", "ParamLayout", "attach_history", "BACKWARD_READS"]
+__all__ = [
+    "plan_memory",
+    "plan_net",
+    "NetPlan",
+    "Arena",
+    "Buffer",
+    "place",
+    "peak_bytes",
+    "dry_run",
+    "net_buffers",
+    "ParamLayout",
+    "attach_history",
+    "BACKWARD_READS",
+]

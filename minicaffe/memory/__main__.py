@@ -4,6 +4,7 @@ Builds the solver of a net of nets/ (or a solver prototxt), plans it (or, with -
 parallel runtime's arena) and prints bytes per category, naive vs planned, and the peak.  Data are
 synthetic of the same shape unless --real-data (which may download MNIST).
 """
+
 import argparse
 import sys
 
@@ -21,11 +22,13 @@ def main(argv=None):
     from ..tools.common import resolve_solver
     from .planner import plan_solver
     from .report import MiB, report_text
+
     try:
         param, base = load_solver_param(resolve_solver(args.solver))
         if not args.real_data and param.has("net"):
             from ..parallel import with_synthetic_data
             from ..solvers.solver import resolve_path
+
             netp = proto.parse_file(resolve_path(param.net, base, "solver: net"), "NetParameter")
             param.clear("net")
             param.net_param = with_synthetic_data(netp)
@@ -34,12 +37,15 @@ def main(argv=None):
         solver = get_solver(param, base_dir=base, log=lambda m: None)
         if args.workers:
             from ..parallel import ParallelTrainer
+
             t = ParallelTrainer(solver, args.workers, recompute=args.recompute)
             s = t.memory_summary()
             print(report_text(t.plans, title=f"{solver.net.name}: {args.workers} workers, activations"))
-            print(f"  whole arena (params once, gradients, history, worker gradients, all nets): "
-                  f"{s['planned'] / MiB:.2f} MiB vs naive {s['naive'] / MiB:.2f} MiB "
-                  f"({s['planned'] / s['naive']:.2f} x)")
+            print(
+                f"  whole arena (params once, gradients, history, worker gradients, all nets): "
+                f"{s['planned'] / MiB:.2f} MiB vs naive {s['naive'] / MiB:.2f} MiB "
+                f"({s['planned'] / s['naive']:.2f} x)"
+            )
         else:
             plan = plan_solver(solver, recompute=args.recompute)
             print(report_text([(solver.net.name, plan)], title=solver.net.name))

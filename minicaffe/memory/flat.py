@@ -8,6 +8,7 @@ net for data and one for diffs).
 Shared parameters (``param { name: "w" }`` in two layers) occupy one slice: the owner's; every
 layer blob that shares it is attached to the same slice.
 """
+
 import numpy as np
 
 
@@ -38,7 +39,7 @@ class ParamLayout:
                 k += 1
 
     def slice(self, flat, i):
-        return flat[self.offsets[i]:self.offsets[i] + self.counts[i]]
+        return flat[self.offsets[i] : self.offsets[i] + self.counts[i]]
 
     def gather_data(self, out=None):
         """The current parameter values as one flat vector."""

@@ -35,24 +35,25 @@ In place computation (a top named like its bottom) is one Blob, so one buffer wh
 union of both roles.  Blobs that share storage some other way (``share_data``) are found by
 identity of their storage and planned as one buffer.
 """
+
 import numpy as np
 
 #: layer type -> which blobs' *data* its backward reads: "bottom", "top", "both" or "none".
 #: Types not listed are assumed to read both (safe).  Verified by the poison test.
 BACKWARD_READS = {
-    "Convolution": "bottom",      # dW = dy (x)^T needs x; dx = W^T dy needs no data
+    "Convolution": "bottom",  # dW = dy (x)^T needs x; dx = W^T dy needs no data
     "Deconvolution": "bottom",
     "InnerProduct": "bottom",
-    "Pooling": "none",            # MAX keeps its argmax mask (planned as scratch), AVE needs nothing
+    "Pooling": "none",  # MAX keeps its argmax mask (planned as scratch), AVE needs nothing
     "Split": "none",
     "Flatten": "none",
     "Reshape": "none",
     "Concat": "none",
     "Slice": "none",
     "Silence": "none",
-    "Dropout": "none",            # keeps its mask
+    "Dropout": "none",  # keeps its mask
     "SoftmaxWithLoss": "bottom",  # the labels (bottom 1); the probabilities are kept inside
-    "ReLU": "bottom",             # in place, bottom and top are one blob anyway
+    "ReLU": "bottom",  # in place, bottom and top are one blob anyway
 }
 
 #: span of scratch whose attribute names the planner knows, until layers expose
@@ -99,14 +100,16 @@ class Buffer:
     def overlaps(self, other):
         """Do the two lifetimes share a step?"""
         if self.intervals == [] or other.intervals == []:
-            return False                        # never used: conflicts with nothing
+            return False  # never used: conflicts with nothing
         if self.intervals is None or other.intervals is None:
             return True
         return any(a <= d and c <= b for a, b in self.intervals for c, d in other.intervals)
 
     def __repr__(self):
-        return (f"Buffer({self.name!r}, {self.category}, {self.count} x {self.dtype.name}, "
-                f"{'persistent' if self.intervals is None else self.intervals}, offset={self.offset})")
+        return (
+            f"Buffer({self.name!r}, {self.category}, {self.count} x {self.dtype.name}, "
+            f"{'persistent' if self.intervals is None else self.intervals}, offset={self.offset})"
+        )
 
 
 def steps(net):
@@ -135,6 +138,7 @@ def recompute_columns(layer):
     def forward_then_forget(bottom, top):
         forward(bottom, top)
         layer._col_key = None
+
     layer.forward = forward_then_forget
     layer._recomputes_columns = True
     return True
@@ -183,7 +187,7 @@ def net_buffers(net, params=True):
         for b in layer.blobs:
             param_ids.add(id(b))
     persistent_data = set(net.inputs) | set(net.outputs)
-    loss_diff = {}                              # id(blob) -> loss weight
+    loss_diff = {}  # id(blob) -> loss weight
     for li, layer in enumerate(net.layers):
         for w, t in zip(layer.loss_weights, net._tops[li]):
             if w:
@@ -198,7 +202,7 @@ def net_buffers(net, params=True):
             groups[which].setdefault(_storage_key(blob, which), []).append((name, blob))
 
     uses = {"data": {}, "diff": {}}
-    diff_written = set()                        # diffs some backward writes (a consumer's)
+    diff_written = set()  # diffs some backward writes (a consumer's)
     for li, layer in enumerate(net.layers):
         reads = BACKWARD_READS.get(layer.type, "both")
         runs_bw = net.layer_need_backward[li]
@@ -240,8 +244,18 @@ def net_buffers(net, params=True):
                         b.attach(b._data_buf, flat)
                     if which == "diff" and id(b) in loss_diff:
                         b.flat_diff[...] = loss_diff[id(b)]
-            buffers.append(Buffer(f"{'='.join(dict.fromkeys(names))}.{which}", category, count,
-                                  blobs[0].dtype, intervals, attach, blobs))
+
+            buffers.append(
+                Buffer(
+                    f"{'='.join(dict.fromkeys(names))}.{which}",
+                    category,
+                    count,
+                    blobs[0].dtype,
+                    intervals,
+                    attach,
+                    blobs,
+                )
+            )
 
     for li, layer in enumerate(net.layers):
         runs_bw = net.layer_need_backward[li]
@@ -252,16 +266,15 @@ def net_buffers(net, params=True):
                 intervals = [(fwd(li), fwd(li))] + ([(bwd(li), bwd(li))] if runs_bw else [])
             else:
                 intervals = [(fwd(li), bwd(li) if runs_bw else fwd(li))]
-            buffers.append(Buffer(f"{layer.name}:{name}", "layer scratch", arr.size, arr.dtype,
-                                  intervals, attach))
+            buffers.append(Buffer(f"{layer.name}:{name}", "layer scratch", arr.size, arr.dtype, intervals, attach))
 
     if params:
         from .flat import ParamLayout
+
         layout = ParamLayout(net)
         if layout.count:
             buffers.append(Buffer("params", "params", layout.count, net.dtype, None, layout.attach_data))
-            buffers.append(Buffer("param diffs", "param diffs", layout.count, net.dtype, None,
-                                  layout.attach_diff))
+            buffers.append(Buffer("param diffs", "param diffs", layout.count, net.dtype, None, layout.attach_diff))
     return buffers
 
 
@@ -275,6 +288,7 @@ def unplanned_bytes(net, buffers):
                 planned.add(id(arr))
     total, seen = 0, set()
     from ..blob import Blob
+
     for layer in net.layers:
         params = {id(b) for b in layer.blobs}
         for value in vars(layer).values():
@@ -286,8 +300,12 @@ def unplanned_bytes(net, buffers):
                 elif isinstance(v, np.ndarray) and id(v) not in planned and id(v) not in seen:
                     seen.add(id(v))
                     total += v.nbytes
-                elif hasattr(v, "buf") and isinstance(getattr(v, "buf"), np.ndarray) \
-                        and id(v.buf) not in planned and id(v.buf) not in seen:
+                elif (
+                    hasattr(v, "buf")
+                    and isinstance(v.buf, np.ndarray)
+                    and id(v.buf) not in planned
+                    and id(v.buf) not in seen
+                ):
                     seen.add(id(v.buf))
                     total += v.buf.nbytes
     return total

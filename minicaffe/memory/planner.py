@@ -13,12 +13,13 @@ time.  Persistent buffers conflict with everything, so they end up side by side.
 The *peak* (the most bytes live at any one step) is a lower bound for any placement; the arena
 size is what this one achieves.
 """
+
 import numpy as np
 
 from ..errors import MinicaffeError
 from .lifetimes import net_buffers, recompute_columns, steps, unplanned_bytes
 
-ALIGN = 64      # bytes: a cache line, and what numpy's own allocations give
+ALIGN = 64  # bytes: a cache line, and what numpy's own allocations give
 
 
 def align_up(n, a=ALIGN):
@@ -51,6 +52,7 @@ def dry_run(net):
     parameters (BatchNorm's running sums live there), data readers' positions, the global RNG,
     input blobs and parameter gradients are as before."""
     from ..rng import get_rng
+
     params = [p.flat_data.copy() for p in net.learnable_params]
     inputs = {name: net.blobs[name].flat_data.copy() for name in net.inputs}
     states = {i: layer.state_dict() for i, layer in enumerate(net.layers) if hasattr(layer, "state_dict")}
@@ -88,7 +90,7 @@ class Arena:
     def view(self, offset, count, dtype):
         """A flat array of ``count`` elements of ``dtype`` at byte ``offset``."""
         dtype = np.dtype(dtype)
-        return self.buffer[offset:offset + count * dtype.itemsize].view(dtype)
+        return self.buffer[offset : offset + count * dtype.itemsize].view(dtype)
 
 
 class NetPlan:
@@ -111,7 +113,7 @@ class NetPlan:
         """No two buffers that are live at the same step share a byte (the planner's invariant)."""
         bufs = sorted(self.buffers, key=lambda b: b.offset)
         for i, a in enumerate(bufs):
-            for b in bufs[i + 1:]:
+            for b in bufs[i + 1 :]:
                 if b.offset >= a.offset + a.nbytes:
                     break
                 if a.overlaps(b) and a.nbytes and b.nbytes:
@@ -160,7 +162,7 @@ class NetPlan:
         """Fill every byte not live at ``step`` with 0xFF: NaN as a float, -1 as an integer."""
         buf = self.arena.buffer
         for start, end in self.dead_ranges(step):
-            buf[self.base + start:self.base + end] = 0xFF
+            buf[self.base + start : self.base + end] = 0xFF
 
     def forward_backward_poisoned(self):
         """One iteration of the net, poisoning the dead bytes before every step; returns the loss."""
@@ -207,14 +209,17 @@ def history_buffers(solver):
     """The solver's history (momentum, Adam's moments...) as persistent flat buffers."""
     from .flat import ParamLayout
     from .lifetimes import Buffer
+
     layout = ParamLayout(solver.net)
     out = []
     for name, hist in zip(solver.history_names, solver.history):
+
         def attach(flat, hist=hist):
             for i, arr in enumerate(hist):
                 view = layout.slice(flat, i).reshape(arr.shape)
                 view[...] = arr
                 hist[i] = view
+
         out.append(Buffer(f"solver {name}", "solver history", layout.count, solver.net.dtype, None, attach))
     return out
 

@@ -12,14 +12,17 @@ does the same for every BLAS and OpenMP runtime; minicaffe only needs OpenBLAS's
 it does not depend on it.  Where no OpenBLAS is found (macOS Accelerate, MKL) ``set_threads``
 returns False and the caller should set the environment variable before numpy loads.
 """
+
 import ctypes
 import os
 import re
 
-_NAMES = (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
-          ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
-          ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
-          ("openblas_set_num_threads", "openblas_get_num_threads"))
+_NAMES = (
+    ("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
+    ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
+    ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
+    ("openblas_set_num_threads", "openblas_get_num_threads"),
+)
 _lib = {"loaded": False, "set": None, "get": None, "path": None}
 
 
@@ -28,6 +31,7 @@ def _load():
         return _lib
     _lib["loaded"] = True
     import numpy  # noqa: F401  (loads its BLAS)
+
     try:
         with open("/proc/self/maps") as f:
             paths = sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", f.read())))

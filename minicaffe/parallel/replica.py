@@ -7,6 +7,7 @@ global batch (the solver's batch, in the solver's order) and every worker copies
 slice of it.  So the data order, the reader's snapshot position and the global batch size are
 exactly those of a one-thread run.
 """
+
 import numpy as np
 
 from .. import proto
@@ -65,8 +66,7 @@ def build_replica(solver, data_layers, batch_sizes):
     gen = get_rng().bit_generator
     state = gen.state
     try:
-        net = Net(param, phase=TRAIN, level=level, stages=stages, dtype=solver.net.dtype,
-                  backend=solver.net.backend)
+        net = Net(param, phase=TRAIN, level=level, stages=stages, dtype=solver.net.dtype, backend=solver.net.backend)
     finally:
         gen.state = state
     return net
@@ -85,5 +85,6 @@ def with_synthetic_data(net_param, count=1024, shuffle=None):
             continue
         seed = 1 if "test" in src else 0
         lp.data_param.source = f"synthetic:{shape}:10:{count}:{seed}" + (
-            "" if shuffle is None else f"?shuffle={'true' if shuffle else 'false'}")
+            "" if shuffle is None else f"?shuffle={'true' if shuffle else 'false'}"
+        )
     return out

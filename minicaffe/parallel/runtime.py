@@ -35,6 +35,7 @@ names the worker and the iteration, chained to the original) and no snapshot is 
 so the last periodic snapshot is the one kept.  Ctrl-C: the first sets ``solver.requested_stop``
 (the iteration finishes, a snapshot is written, threads stop); a second aborts.
 """
+
 import signal
 import threading
 import time
@@ -53,8 +54,7 @@ class WorkerError(SolverError):
 
     def __init__(self, worker, iteration, error):
         self.worker, self.iteration, self.error = worker, iteration, error
-        super().__init__(f"worker {worker} failed at iteration {iteration}: "
-                         f"{type(error).__name__}: {error}")
+        super().__init__(f"worker {worker} failed at iteration {iteration}: {type(error).__name__}: {error}")
 
 
 class ParallelTrainer:
@@ -76,30 +76,41 @@ class ParallelTrainer:
         self.staleness = int(staleness)
         self.log = log or solver.log
         net = solver.net
-        self.data_layers = [(i, layer) for i, layer in enumerate(net.layers)
-                            if layer.type == "Data" and hasattr(layer, "prefetcher")]
+        self.data_layers = [
+            (i, layer) for i, layer in enumerate(net.layers) if layer.type == "Data" and hasattr(layer, "prefetcher")
+        ]
         if not self.data_layers:
-            raise SolverError(f"net '{net.name}' has no Data layer: data-parallel training shards the "
-                              f"batch a Data layer reads (Input/MemoryData nets are not supported)")
+            raise SolverError(
+                f"net '{net.name}' has no Data layer: data-parallel training shards the "
+                f"batch a Data layer reads (Input/MemoryData nets are not supported)"
+            )
         self.bounds = {}
         for _, layer in self.data_layers:
             if layer.batch_size < self.n:
-                raise SolverError(f"{self.n} workers need a batch of at least {self.n}; layer "
-                                  f"'{layer.name}' has batch_size {layer.batch_size}")
+                raise SolverError(
+                    f"{self.n} workers need a batch of at least {self.n}; layer "
+                    f"'{layer.name}' has batch_size {layer.batch_size}"
+                )
             self.bounds[layer.name] = shard_bounds(layer.batch_size, self.n)
         first = self.data_layers[0][1]
         self.batch = first.batch_size
         self.weights = np.array([(hi - lo) / self.batch for lo, hi in self.bounds[first.name]], net.dtype)
-        self.replicas = [build_replica(solver, self.data_layers,
-                                       {l.name: self.bounds[l.name][k][1] - self.bounds[l.name][k][0]
-                                        for _, l in self.data_layers})
-                         for k in range(self.n)]
+        self.replicas = [
+            build_replica(
+                solver,
+                self.data_layers,
+                {l.name: self.bounds[l.name][k][1] - self.bounds[l.name][k][0] for _, l in self.data_layers},
+            )
+            for k in range(self.n)
+        ]
         self.layout = ParamLayout(net)
         self.rep_layouts = [ParamLayout(r) for r in self.replicas]
-        for r, lay in zip(self.replicas, self.rep_layouts):
+        for lay in self.rep_layouts:
             if lay.counts != self.layout.counts:
-                raise SolverError(f"replica of net '{net.name}' has parameter sizes {lay.counts}, "
-                                  f"the solver's net {self.layout.counts}")
+                raise SolverError(
+                    f"replica of net '{net.name}' has parameter sizes {lay.counts}, "
+                    f"the solver's net {self.layout.counts}"
+                )
         self.iter_size = max(1, int(solver.param.iter_size))
         self.n_slots = (self.staleness + 1) * self.iter_size
         self._build_arena(recompute)
@@ -116,8 +127,9 @@ class ParallelTrainer:
         dt = net.dtype
         # plan every net's activations first (each runs once to size its scratch)
         self.plans = [("server net", plan_net(net, params=False, recompute=recompute))]
-        self.plans += [(f"worker {k}", plan_net(r, params=False, recompute=recompute))
-                       for k, r in enumerate(self.replicas)]
+        self.plans += [
+            (f"worker {k}", plan_net(r, params=False, recompute=recompute)) for k, r in enumerate(self.replicas)
+        ]
         arena = self.arena = Arena()
         off_w = arena.reserve(P * dt.itemsize)
         off_g = arena.reserve(P * dt.itemsize)
@@ -140,14 +152,18 @@ class ParallelTrainer:
             plan.attach(arena, off)
         for t in solver.test_nets:
             t.share_with(net)
-        self.param_bytes = {"params": P * dt.itemsize, "param diffs": P * dt.itemsize,
-                            "solver history": sum(b.nbytes for b in hist),
-                            "worker gradients": self.grads.nbytes}
+        self.param_bytes = {
+            "params": P * dt.itemsize,
+            "param diffs": P * dt.itemsize,
+            "solver history": sum(b.nbytes for b in hist),
+            "worker gradients": self.grads.nbytes,
+        }
 
     def memory_summary(self):
         """{naive, planned, peak, categories}: naive = N+1 separate nets, each with its own
         parameters, gradients and one allocation per buffer, and the solver's history."""
         from ..memory.report import summarize
+
         s = summarize(self.plans)
         P = self.param_bytes["params"]
         nets = self.n + 1
@@ -157,9 +173,14 @@ class ParallelTrainer:
         cats["solver history"] = self.param_bytes["solver history"]
         naive = s["naive"] + 2 * P * nets + self.param_bytes["solver history"]
         fixed = sum(self.param_bytes.values())
-        return {"naive": naive, "planned": self.arena.size, "peak": s["peak"] + fixed,
-                "unplanned": s["unplanned"], "categories": cats,
-                "sections": [(label, p.size) for label, p in self.plans]}
+        return {
+            "naive": naive,
+            "planned": self.arena.size,
+            "peak": s["peak"] + fixed,
+            "unplanned": s["unplanned"],
+            "categories": cats,
+            "sections": [(label, p.size) for label, p in self.plans],
+        }
 
     # -- the run -------------------------------------------------------------------------------
     def solve(self, resume_file=None, handle_sigint=True):
@@ -185,49 +206,66 @@ class ParallelTrainer:
             def __exit__(self, *exc):
                 trainer._uninstall()
                 return False
+
         return _Ctx()
 
     def _install(self, iters, handle_sigint):
         solver = self.solver
         self._limit = max(0, iters) * self.iter_size
         self._iter0 = solver.iter
-        self._clock = 0               # the next clock the server reduces
-        self._fetched = 0             # batches fetched so far
-        self._applied = 0             # clocks whose gradients are in W
+        self._clock = 0  # the next clock the server reduces
+        self._fetched = 0  # batches fetched so far
+        self._applied = 0  # clocks whose gradients are in W
         self._batches, self._done, self._losses, self._outputs = {}, {}, {}, {}
         self._positions = {}
         self._error, self._stop = None, False
-        self._used_version = []       # (worker, clock, applied when it started): for the SSP test
-        self.timing = {"server_wait": 0.0, "server_reduce": 0.0, "server_update": 0.0, "server_fetch": 0.0,
-                       "worker_compute": [0.0] * self.n, "worker_wait": [0.0] * self.n,
-                       "worker_copy": [0.0] * self.n, "clocks": 0, "wall": 0.0}
+        self._used_version = []  # (worker, clock, applied when it started): for the SSP test
+        self.timing = {
+            "server_wait": 0.0,
+            "server_reduce": 0.0,
+            "server_update": 0.0,
+            "server_fetch": 0.0,
+            "worker_compute": [0.0] * self.n,
+            "worker_wait": [0.0] * self.n,
+            "worker_copy": [0.0] * self.n,
+            "clocks": 0,
+            "wall": 0.0,
+        }
         self._t_return = None
         self._saved_blas = blas.get_threads()
         blas.set_threads(self.blas_threads)
-        solver.forward_backward = self._gather               # the solver's gradient source
+        solver.forward_backward = self._gather  # the solver's gradient source
         for _, layer in self.data_layers:
-            layer.state_dict = (lambda layer=layer: self._data_state(layer))
+            layer.state_dict = lambda layer=layer: self._data_state(layer)
         solver.on_iteration.insert(0, self._on_iteration)
         self._previous_sigint = None
-        if handle_sigint and threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        if (
+            handle_sigint
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+
             def on_sigint(signum, frame):
                 if solver.requested_stop:
                     raise KeyboardInterrupt
                 solver.requested_stop = True
-                self.log("Interrupted: stopping after this iteration and writing a snapshot "
-                         "(Ctrl-C again to abort)")
+                self.log("Interrupted: stopping after this iteration and writing a snapshot (Ctrl-C again to abort)")
+
             self._previous_sigint = signal.signal(signal.SIGINT, on_sigint)
-        self._threads = [threading.Thread(target=self._worker, args=(k,), name=f"minicaffe-worker-{k}",
-                                          daemon=True) for k in range(self.n)]
+        self._threads = [
+            threading.Thread(target=self._worker, args=(k,), name=f"minicaffe-worker-{k}", daemon=True)
+            for k in range(self.n)
+        ]
         self._t0 = time.perf_counter()
         for t in self._threads:
             t.start()
         self._fetch_until(self.staleness * self.iter_size)
         mode = "BSP" if not self.staleness else f"SSP, staleness {self.staleness}"
-        self.log(f"Training with {self.n} worker thread(s) ({mode}), "
-                 f"shards {[hi - lo for lo, hi in self.bounds[self.data_layers[0][1].name]]} of the batch of "
-                 f"{self.batch}, BLAS threads {self.blas_threads}")
+        self.log(
+            f"Training with {self.n} worker thread(s) ({mode}), "
+            f"shards {[hi - lo for lo, hi in self.bounds[self.data_layers[0][1].name]]} of the batch of "
+            f"{self.batch}, BLAS threads {self.blas_threads}"
+        )
 
     def _uninstall(self):
         solver = self.solver
@@ -280,7 +318,7 @@ class ParallelTrainer:
     def _gather(self):
         """Stands in for ``net.forward_backward()`` in the Solver's loop: one global batch."""
         c = self._clock
-        if c >= self._limit:              # the solver asks beyond the run (it does not)
+        if c >= self._limit:  # the solver asks beyond the run (it does not)
             self._limit = c + 1
         self._fetch_until(c + self.staleness * self.iter_size)
         t0 = time.perf_counter()
@@ -298,7 +336,7 @@ class ParallelTrainer:
         if self.n == 1:
             G += self.grads[0, slot]
         else:
-            G += self.weights @ self.grads[:, slot]          # one gemv over the flat gradients
+            G += self.weights @ self.grads[:, slot]  # one gemv over the flat gradients
         loss = float(np.dot(self.weights, losses))
         for name in outputs[0]:
             self.solver.net.blobs[name].data[...] = sum(w * o[name] for w, o in zip(self.weights, outputs))
@@ -365,7 +403,7 @@ class ParallelTrainer:
                     tm["worker_compute"][k] += t3 - t2
                     self._cv.notify_all()
                 c += 1
-        except BaseException as exc:                 # noqa: BLE001  (handed to the server)
+        except BaseException as exc:  # noqa: BLE001  (handed to the server)
             with self._cv:
                 if self._error is None:
                     self._error = (k, c, exc)
@@ -376,12 +414,17 @@ class ParallelTrainer:
         """Seconds per clock: server (fetch, wait, reduce, update) and each worker's compute/wait."""
         t = self.timing
         n = max(t.get("clocks", 0), 1)
-        return {"clocks": t.get("clocks", 0), "wall_per_clock": t.get("wall", 0.0) / n,
-                "server_fetch": t["server_fetch"] / n, "server_wait": t["server_wait"] / n,
-                "server_reduce": t["server_reduce"] / n, "server_update": t["server_update"] / n,
-                "worker_compute": [x / n for x in t["worker_compute"]],
-                "worker_wait": [x / n for x in t["worker_wait"]],
-                "worker_copy": [x / n for x in t["worker_copy"]]}
+        return {
+            "clocks": t.get("clocks", 0),
+            "wall_per_clock": t.get("wall", 0.0) / n,
+            "server_fetch": t["server_fetch"] / n,
+            "server_wait": t["server_wait"] / n,
+            "server_reduce": t["server_reduce"] / n,
+            "server_update": t["server_update"] / n,
+            "worker_compute": [x / n for x in t["worker_compute"]],
+            "worker_wait": [x / n for x in t["worker_wait"]],
+            "worker_copy": [x / n for x in t["worker_copy"]],
+        }
 
 
 def train_with_workers(solver, n_workers, staleness=0, resume_file=None, **kwargs):

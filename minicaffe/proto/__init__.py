@@ -8,11 +8,11 @@
     >>> net.layer[0].inner_product_param.num_output, net.layer[0].inner_product_param.bias_term
     (10, True)
 """
+
 from minicaffe.proto.message import Message
 from minicaffe.proto.schema import SCHEMA
 from minicaffe.proto.text_format import parse, parse_file, to_text
 from minicaffe.proto.upgrade import upgrade_net, upgrade_solver
 from minicaffe.proto.wire import decode, encode
 
-__all__ = ["Message", "parse", "parse_file", "to_text", "decode", "encode", "upgrade_net",
-           "upgrade_solver", "SCHEMA"]
+__all__ = ["Message", "parse", "parse_file", "to_text", "decode", "encode", "upgrade_net", "upgrade_solver", "SCHEMA"]

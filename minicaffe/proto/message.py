@@ -32,6 +32,7 @@ read-only views of the input; ``copy()`` shares them, and assigning a new array 
 Setting a field checks the value against the schema: a wrong type raises TypeError, an
 out-of-range integer or unknown enum name raises ValueError, an unknown field AttributeError.
 """
+
 import math
 
 import numpy as np
@@ -57,18 +58,15 @@ def check_value(field, value):
             return value
         if isinstance(value, dict):
             return Message(t, **value)
-        raise TypeError(f"{where}: expected a {t} message (or a dict of its fields), "
-                        f"got {value!r}")
+        raise TypeError(f"{where}: expected a {t} message (or a dict of its fields), got {value!r}")
     if field.kind == "enum":
         if isinstance(value, str):
             if value not in field.enum_values:
-                raise ValueError(f"{where}: unknown value '{value}'"
-                                 + suggest(value, field.enum_values, "values"))
+                raise ValueError(f"{where}: unknown value '{value}'" + suggest(value, field.enum_values, "values"))
             return value
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             if int(value) not in field.enum_names:
-                raise ValueError(f"{where}: {value} is not the number of any value; known "
-                                 f"values: {field.enum_values}")
+                raise ValueError(f"{where}: {value} is not the number of any value; known values: {field.enum_values}")
             return field.enum_names[int(value)]
         raise TypeError(f"{where}: expected an enum value name (a string), got {value!r}")
     if t == "bool":
@@ -83,8 +81,7 @@ def check_value(field, value):
             return int(value)
         raise TypeError(f"{where}: expected an integer, got {value!r}")
     if t in ("float", "double"):
-        if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-                value, (bool, np.bool_)):
+        if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
             return float(value)
         raise TypeError(f"{where}: expected a number, got {value!r}")
     if t == "string":
@@ -134,7 +131,7 @@ class RepeatedField(list):
         self.extend(values)
         return self
 
-    def __reduce__(self):                 # pickles/copies as a plain list
+    def __reduce__(self):  # pickles/copies as a plain list
         return (list, (list(self),))
 
 
@@ -145,10 +142,10 @@ class Message:
 
     def __init__(self, type_name, /, **fields):
         object.__setattr__(self, "_desc", descriptor(type_name))
-        object.__setattr__(self, "_values", {})     # set fields: name -> value
-        object.__setattr__(self, "_defaults", {})   # detached default sub-messages handed out
-        object.__setattr__(self, "_parent", None)   # (message, field name) while detached
-        object.__setattr__(self, "_locs", {})       # None / field name -> (file, line, column)
+        object.__setattr__(self, "_values", {})  # set fields: name -> value
+        object.__setattr__(self, "_defaults", {})  # detached default sub-messages handed out
+        object.__setattr__(self, "_parent", None)  # (message, field name) while detached
+        object.__setattr__(self, "_locs", {})  # None / field name -> (file, line, column)
         for name, value in fields.items():
             setattr(self, name, value)
 
@@ -174,10 +171,10 @@ class Message:
         values = self._values
         if name in values:
             return values[name]
-        if field.repeated:                  # a live (empty) list: appending to it sets it
+        if field.repeated:  # a live (empty) list: appending to it sets it
             values[name] = lst = RepeatedField(self, field)
             return lst
-        if field.kind == "message":         # a detached default instance
+        if field.kind == "message":  # a detached default instance
             sub = self._defaults.get(name)
             if sub is None:
                 sub = Message(field.type)
@@ -198,7 +195,7 @@ class Message:
         else:
             value = check_value(field, value)
             if field.kind == "message" and value._parent is not None:
-                value = value.copy()        # someone else's default instance: take a copy
+                value = value.copy()  # someone else's default instance: take a copy
         self._forget_default(name)
         self._values[name] = value
         self._touch()
@@ -241,8 +238,7 @@ class Message:
         (``name`` is positional-only, so ``add("layer", name="conv1")`` sets the layer's name.)"""
         field = self._field(name)
         if not (field.repeated and field.kind == "message"):
-            raise TypeError(f"{self.type_name}.{name} is not a repeated message field; "
-                            "add() appends to those only")
+            raise TypeError(f"{self.type_name}.{name} is not a repeated message field; add() appends to those only")
         sub = Message(field.type, **fields)
         self._repeated(name).append(sub)
         return sub
@@ -253,7 +249,7 @@ class Message:
         if field.repeated or field.kind != "message":
             raise TypeError(f"{self.type_name}.{name} is not a singular message field")
         if name not in self._values:
-            sub = getattr(self, name)       # the detached default, which then attaches
+            sub = getattr(self, name)  # the detached default, which then attaches
             sub._touch()
         return self._values[name]
 
@@ -324,8 +320,7 @@ class Message:
                     return False
                 if field.type in NUMPY_DTYPES:
                     dtype = NUMPY_DTYPES[field.type]
-                    if not np.array_equal(np.asarray(a, dtype), np.asarray(b, dtype),
-                                          equal_nan=True):
+                    if not np.array_equal(np.asarray(a, dtype), np.asarray(b, dtype), equal_nan=True):
                         return False
                 elif not all(_same(field, x, y) for x, y in zip(a, b)):
                     return False
@@ -333,15 +328,15 @@ class Message:
                 return False
         return True
 
-    __hash__ = None                         # mutable: not hashable
+    __hash__ = None  # mutable: not hashable
 
     def __repr__(self):
         from minicaffe.proto.text_format import to_text
+
         body = to_text(self)
         if not body:
             return f"{self.type_name} {{}}"
-        return f"{self.type_name} {{\n" + "".join(
-            "  " + line + "\n" for line in body.splitlines()) + "}"
+        return f"{self.type_name} {{\n" + "".join("  " + line + "\n" for line in body.splitlines()) + "}"
 
     def __dir__(self):
         return sorted(set(object.__dir__(self)) | set(self._desc.by_name))

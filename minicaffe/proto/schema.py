@@ -21,6 +21,7 @@ in a message) to its values, and ``MESSAGES`` maps a message name to rows
 ``(name, number, type, label[, explicit default])``.  The code at the bottom turns the rows into
 descriptors (``SCHEMA["PoolingParameter"].field("pool").default == "MAX"``).
 """
+
 from minicaffe.errors import did_you_mean
 
 # fmt: off
@@ -624,6 +625,7 @@ MESSAGES = {
 
 # fmt: on
 
+
 def suggest(word, choices, what):
     """' (did you mean 'x'?) Known <what>: a, b, c' -- a '.' first when nothing is close."""
     hint = did_you_mean(word, choices, what)
@@ -634,14 +636,23 @@ SCALAR_TYPES = ("double", "float", "int32", "int64", "uint32", "uint64", "bool",
 
 # The range each integer type can hold (checked when a value is set or parsed).
 INT_RANGES = {
-    "int32": (-2**31, 2**31 - 1),
-    "int64": (-2**63, 2**63 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
     "uint32": (0, 2**32 - 1),
     "uint64": (0, 2**64 - 1),
 }
 
-_ZERO = {"double": 0.0, "float": 0.0, "int32": 0, "int64": 0, "uint32": 0, "uint64": 0,
-         "bool": False, "string": "", "bytes": b""}
+_ZERO = {
+    "double": 0.0,
+    "float": 0.0,
+    "int32": 0,
+    "int64": 0,
+    "uint32": 0,
+    "uint64": 0,
+    "bool": False,
+    "string": "",
+    "bytes": b"",
+}
 
 
 class FieldDescriptor:
@@ -670,10 +681,10 @@ class FieldDescriptor:
         if default is None and self.kind == "scalar":
             default = _ZERO[type]
         elif default is None and self.kind == "enum":
-            default = next(iter(ENUMS[type]))      # proto2: the first listed value
+            default = next(iter(ENUMS[type]))  # proto2: the first listed value
         elif self.kind == "scalar" and type in ("float", "double"):
             default = float(default)
-        self.default = default            # None for message fields (a default instance)
+        self.default = default  # None for message fields (a default instance)
 
     @property
     def type_label(self):
@@ -685,8 +696,10 @@ class FieldDescriptor:
         return self.type
 
     def __repr__(self):
-        return (f"FieldDescriptor({self.message_name}.{self.name} = {self.number}: "
-                f"{self.label} {self.type}, default={self.default!r})")
+        return (
+            f"FieldDescriptor({self.message_name}.{self.name} = {self.number}: "
+            f"{self.label} {self.type}, default={self.default!r})"
+        )
 
 
 class MessageDescriptor:
@@ -707,8 +720,8 @@ class MessageDescriptor:
             return self.by_name[name]
         except KeyError:
             raise AttributeError(
-                f"message {self.name} has no field '{name}'"
-                + suggest(name, self.by_name, f"fields of {self.name}")) from None
+                f"message {self.name} has no field '{name}'" + suggest(name, self.by_name, f"fields of {self.name}")
+            ) from None
 
     def __repr__(self):
         return f"MessageDescriptor({self.name}, {len(self.fields)} fields)"
@@ -722,5 +735,4 @@ def descriptor(type_name):
     try:
         return SCHEMA[type_name]
     except KeyError:
-        raise KeyError(f"unknown message type '{type_name}'"
-                       + suggest(type_name, SCHEMA, "message types")) from None
+        raise KeyError(f"unknown message type '{type_name}'" + suggest(type_name, SCHEMA, "message types")) from None

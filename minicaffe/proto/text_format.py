@@ -30,6 +30,7 @@ number; ``;`` or ``,`` after a field.
 ``to_text`` writes a message back out in Caffe's style (two-space indents, fields in number
 order), and what it writes parses back to an equal message.
 """
+
 import math
 import re
 
@@ -39,10 +40,10 @@ from minicaffe.errors import PrototxtError
 from minicaffe.proto.message import Message
 from minicaffe.proto.schema import INT_RANGES, suggest
 
-
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
 # ---------------------------------------------------------------------------------------------
+
 
 class Token:
     """One token: ``kind`` is 'ident', 'number', 'string', 'symbol' or 'eof'."""
@@ -65,7 +66,8 @@ class Token:
 
 
 # One alternative per token kind; the tokenizer tries them at the current position.
-_TOKEN_RE = re.compile(r"""
+_TOKEN_RE = re.compile(
+    r"""
     (?P<blank>  [ \t\r\f\v]+ )
   | (?P<newline> \n )
   | (?P<comment> \#[^\n]* )
@@ -75,7 +77,9 @@ _TOKEN_RE = re.compile(r"""
   | (?P<string> "(?: [^"\\\n] | \\. )*"
               | '(?: [^'\\\n] | \\. )*' )
   | (?P<symbol> [{}<>\[\]:;,-] )
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 
 
 class Tokenizer:
@@ -96,14 +100,14 @@ class Tokenizer:
             if m is None:
                 ch = text[pos]
                 if ch in "\"'":
-                    raise self.error(f"unterminated string: the {ch} here is not closed "
-                                     "before the end of the line", line, column)
+                    raise self.error(
+                        f"unterminated string: the {ch} here is not closed before the end of the line", line, column
+                    )
                 raise self.error(f"unexpected character {ch!r}", line, column)
             kind, end = m.lastgroup, m.end()
             if kind == "newline":
                 line, line_start = line + 1, end
-            elif kind == "number" and end < len(text) and (text[end].isalnum()
-                                                           or text[end] in "_."):
+            elif kind == "number" and end < len(text) and (text[end].isalnum() or text[end] in "_."):
                 bad = re.match(r"[\w.+-]*", text[pos:]).group()
                 raise self.error(f"invalid number '{bad}'", line, column)
             elif kind not in ("blank", "comment"):
@@ -113,8 +117,19 @@ class Tokenizer:
         return tokens
 
 
-_SIMPLE_ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "\\": b"\\", "'": b"'", '"': b'"',
-                   "a": b"\a", "b": b"\b", "f": b"\f", "v": b"\v", "?": b"?"}
+_SIMPLE_ESCAPES = {
+    "n": b"\n",
+    "t": b"\t",
+    "r": b"\r",
+    "\\": b"\\",
+    "'": b"'",
+    '"': b'"',
+    "a": b"\a",
+    "b": b"\b",
+    "f": b"\f",
+    "v": b"\v",
+    "?": b"?",
+}
 _ESCAPE_RE = re.compile(r"\\([0-7]{1,3}|x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.)")
 
 
@@ -123,7 +138,7 @@ def unescape(token, error):
     body = token.text[1:-1]
     out, pos = bytearray(), 0
     for m in _ESCAPE_RE.finditer(body):
-        out += body[pos:m.start()].encode("utf-8")
+        out += body[pos : m.start()].encode("utf-8")
         esc = m.group(1)
         if esc[0] in "01234567":
             out.append(int(esc, 8) & 0xFF)
@@ -193,14 +208,14 @@ class Parser:
                 raise self.error(
                     f"unterminated message: expected '{closing}' to close the {msg.type_name} "
                     f"opened at line {opener.line}, column {opener.column}, found end of file",
-                    tok)
+                    tok,
+                )
             if tok.kind == "symbol" and tok.text == closing:
                 self.next()
                 return
             if tok.kind != "ident":
                 want = "a field name" + (f" or '{closing}'" if closing else "")
-                raise self.error(f"expected {want} in {msg.type_name}, found {tok.describe()}",
-                                 tok)
+                raise self.error(f"expected {want} in {msg.type_name}, found {tok.describe()}", tok)
             self.parse_field(msg)
             if self.at(";", ","):
                 self.next()
@@ -211,15 +226,19 @@ class Parser:
         desc = msg._desc
         field = desc.by_name.get(name)
         if field is None:
-            raise self.error(f"unknown field '{name}' in {msg.type_name}"
-                             + suggest(name, desc.by_name, f"fields of {msg.type_name}"),
-                             name_tok)
+            raise self.error(
+                f"unknown field '{name}' in {msg.type_name}"
+                + suggest(name, desc.by_name, f"fields of {msg.type_name}"),
+                name_tok,
+            )
         if not field.repeated and name in msg._values:
             first = msg._locs.get(name)
             where = f" (first set at line {first[1]}, column {first[2]})" if first else ""
-            raise self.error(f"duplicate field '{name}' in {msg.type_name}{where}: "
-                             f"'{name}' is not a repeated field, so it may appear only once",
-                             name_tok)
+            raise self.error(
+                f"duplicate field '{name}' in {msg.type_name}{where}: "
+                f"'{name}' is not a repeated field, so it may appear only once",
+                name_tok,
+            )
         msg._locs.setdefault(name, self.loc(name_tok))
 
         colon = self.at(":")
@@ -227,13 +246,15 @@ class Parser:
             self.next()
         is_message = field.kind == "message"
         if not colon and not (is_message and self.at("{", "<")):
-            raise self.error(f"expected ':' or '{{' after field name '{name}', "
-                             f"found {self.peek().describe()}", self.peek())
-        if colon and self.at("["):               # list syntax: name: [v1, v2, ...]
+            raise self.error(
+                f"expected ':' or '{{' after field name '{name}', found {self.peek().describe()}", self.peek()
+            )
+        if colon and self.at("["):  # list syntax: name: [v1, v2, ...]
             open_tok = self.next()
             if not field.repeated:
-                raise self.error(f"field '{name}' of {msg.type_name} is not repeated, so it "
-                                 "cannot take a list [...]", open_tok)
+                raise self.error(
+                    f"field '{name}' of {msg.type_name} is not repeated, so it cannot take a list [...]", open_tok
+                )
             if self.at("]"):
                 self.next()
                 return
@@ -243,8 +264,9 @@ class Parser:
                     self.next()
                     return
                 if not self.at(","):
-                    raise self.error(f"expected ',' or ']' in the list of '{name}', found "
-                                     f"{self.peek().describe()}", self.peek())
+                    raise self.error(
+                        f"expected ',' or ']' in the list of '{name}', found {self.peek().describe()}", self.peek()
+                    )
                 self.next()
         self.parse_value(msg, field, name_tok)
 
@@ -253,8 +275,10 @@ class Parser:
         if field.kind == "message":
             open_tok = self.peek()
             if not self.at("{", "<"):
-                raise self.error(f"expected '{{' to start the {field.type} of field "
-                                 f"'{field.name}', found {open_tok.describe()}", open_tok)
+                raise self.error(
+                    f"expected '{{' to start the {field.type} of field '{field.name}', found {open_tok.describe()}",
+                    open_tok,
+                )
             self.next()
             value = Message(field.type)
             value._locs[None] = self.loc(name_tok)
@@ -273,10 +297,9 @@ class Parser:
         if t in ("string", "bytes"):
             if tok.kind != "string":
                 hint = f' (strings are quoted: "{tok.text}")' if tok.kind == "ident" else ""
-                raise self.error(f"expected a quoted string for {what}, found "
-                                 f"{tok.describe()}{hint}", tok)
+                raise self.error(f"expected a quoted string for {what}, found {tok.describe()}{hint}", tok)
             data = b""
-            while self.peek().kind == "string":     # "adjacent" "strings" concatenate
+            while self.peek().kind == "string":  # "adjacent" "strings" concatenate
                 data += unescape(self.next(), self.error)
             return data if t == "bytes" else data.decode("utf-8", "surrogateescape")
 
@@ -286,24 +309,27 @@ class Parser:
             self.next()
             tok = self.peek()
             if tok.kind not in ("number", "ident"):
-                raise self.error(f"expected a number after '-' for {what}, found "
-                                 f"{tok.describe()}", tok)
+                raise self.error(f"expected a number after '-' for {what}, found {tok.describe()}", tok)
         if field.kind == "enum":
             self.next()
             if tok.kind == "ident" and not negative:
                 if tok.text not in field.enum_values:
-                    raise self.error(f"unknown value '{tok.text}' for {what}"
-                                     + suggest(tok.text, field.enum_values, "values"), tok)
+                    raise self.error(
+                        f"unknown value '{tok.text}' for {what}" + suggest(tok.text, field.enum_values, "values"), tok
+                    )
                 return tok.text
             if tok.kind == "number" and _is_int(tok.text):
                 number = -_int(tok.text) if negative else _int(tok.text)
                 if number in field.enum_names:
                     return field.enum_names[number]
-                raise self.error(f"{number} is not the number of any value of {what}; known "
-                                 f"values: {field.enum_values}", tok)
-            raise self.error(f"expected an enum value name for {what}, found "
-                             f"{tok.describe()}; known values: {', '.join(field.enum_values)}",
-                             tok)
+                raise self.error(
+                    f"{number} is not the number of any value of {what}; known values: {field.enum_values}", tok
+                )
+            raise self.error(
+                f"expected an enum value name for {what}, found "
+                f"{tok.describe()}; known values: {', '.join(field.enum_values)}",
+                tok,
+            )
         if t == "bool":
             self.next()
             if not negative:
@@ -319,8 +345,7 @@ class Parser:
             value = -_int(tok.text) if negative else _int(tok.text)
             lo, hi = INT_RANGES[t]
             if not lo <= value <= hi:
-                raise self.error(f"value {value} is out of range for {what}: must be in "
-                                 f"[{lo}, {hi}]", tok)
+                raise self.error(f"value {value} is out of range for {what}: must be in [{lo}, {hi}]", tok)
             return value
         # float / double
         self.next()
@@ -347,7 +372,7 @@ def _is_int(text):
 def _int(text):
     if text[:2] in ("0x", "0X"):
         return int(text, 16)
-    if len(text) > 1 and text[0] == "0":      # C-style octal, as protobuf reads it
+    if len(text) > 1 and text[0] == "0":  # C-style octal, as protobuf reads it
         try:
             return int(text, 8)
         except ValueError:
@@ -379,6 +404,7 @@ def parse_file(path, type_name="NetParameter"):
 # Printer
 # ---------------------------------------------------------------------------------------------
 
+
 def format_float(value, type_name="float"):
     """The shortest text that reads back as the same float32 (or float64) value, Caffe-style
     (``1`` not ``1.0``)."""
@@ -391,8 +417,7 @@ def format_float(value, type_name="float"):
     return text[:-2] if text.endswith(".0") else text
 
 
-_PRINTABLE = {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r", ord('"'): '\\"',
-              ord("\\"): "\\\\", ord("'"): "\\'"}
+_PRINTABLE = {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r", ord('"'): '\\"', ord("\\"): "\\\\", ord("'"): "\\'"}
 
 
 def quote(value):
@@ -408,7 +433,7 @@ def quote(value):
         code = ord(ch)
         if code in _PRINTABLE:
             out.append(_PRINTABLE[code])
-        elif 0xDC80 <= code <= 0xDCFF:                 # a byte that is not UTF-8
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8
             out.append(f"\\{code - 0xDC00:03o}")
         elif code < 0x20 or code == 0x7F:
             out.append(f"\\{code:03o}")
@@ -453,4 +478,3 @@ def _print_message(msg, indent, lines):
                 values = values.tolist()
             for v in values:
                 lines.append(f"{pad}{name}: {format_scalar(field, v)}")
-

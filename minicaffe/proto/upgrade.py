@@ -22,32 +22,66 @@ Solvers: ``solver_type: NESTEROV`` (an enum) becomes ``type: "Nesterov"`` (a str
 
 The V0 format (``layers { layer { ... } }``, before 2014) is refused with an explanation.
 """
+
 from minicaffe.errors import PrototxtError
 from minicaffe.proto.message import Message
 
 # V1LayerParameter.LayerType -> the type string of today's LayerParameter (UpgradeV1LayerType).
 V1_LAYER_TYPES = {
-    "NONE": "", "ABSVAL": "AbsVal", "ACCURACY": "Accuracy", "ARGMAX": "ArgMax", "BNLL": "BNLL",
-    "CONCAT": "Concat", "CONTRASTIVE_LOSS": "ContrastiveLoss", "CONVOLUTION": "Convolution",
-    "DECONVOLUTION": "Deconvolution", "DATA": "Data", "DROPOUT": "Dropout",
-    "DUMMY_DATA": "DummyData", "EUCLIDEAN_LOSS": "EuclideanLoss", "ELTWISE": "Eltwise",
-    "EXP": "Exp", "FLATTEN": "Flatten", "HDF5_DATA": "HDF5Data", "HDF5_OUTPUT": "HDF5Output",
-    "HINGE_LOSS": "HingeLoss", "IM2COL": "Im2col", "IMAGE_DATA": "ImageData",
-    "INFOGAIN_LOSS": "InfogainLoss", "INNER_PRODUCT": "InnerProduct", "LRN": "LRN",
-    "MEMORY_DATA": "MemoryData", "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss",
-    "MVN": "MVN", "POOLING": "Pooling", "POWER": "Power", "RELU": "ReLU", "SIGMOID": "Sigmoid",
-    "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss", "SILENCE": "Silence",
-    "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split", "SLICE": "Slice",
-    "TANH": "TanH", "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
+    "NONE": "",
+    "ABSVAL": "AbsVal",
+    "ACCURACY": "Accuracy",
+    "ARGMAX": "ArgMax",
+    "BNLL": "BNLL",
+    "CONCAT": "Concat",
+    "CONTRASTIVE_LOSS": "ContrastiveLoss",
+    "CONVOLUTION": "Convolution",
+    "DECONVOLUTION": "Deconvolution",
+    "DATA": "Data",
+    "DROPOUT": "Dropout",
+    "DUMMY_DATA": "DummyData",
+    "EUCLIDEAN_LOSS": "EuclideanLoss",
+    "ELTWISE": "Eltwise",
+    "EXP": "Exp",
+    "FLATTEN": "Flatten",
+    "HDF5_DATA": "HDF5Data",
+    "HDF5_OUTPUT": "HDF5Output",
+    "HINGE_LOSS": "HingeLoss",
+    "IM2COL": "Im2col",
+    "IMAGE_DATA": "ImageData",
+    "INFOGAIN_LOSS": "InfogainLoss",
+    "INNER_PRODUCT": "InnerProduct",
+    "LRN": "LRN",
+    "MEMORY_DATA": "MemoryData",
+    "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss",
+    "MVN": "MVN",
+    "POOLING": "Pooling",
+    "POWER": "Power",
+    "RELU": "ReLU",
+    "SIGMOID": "Sigmoid",
+    "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss",
+    "SILENCE": "Silence",
+    "SOFTMAX": "Softmax",
+    "SOFTMAX_LOSS": "SoftmaxWithLoss",
+    "SPLIT": "Split",
+    "SLICE": "Slice",
+    "TANH": "TanH",
+    "WINDOW_DATA": "WindowData",
+    "THRESHOLD": "Threshold",
 }
 
 # SolverParameter.SolverType -> SolverParameter.type (UpgradeSolverType).
-SOLVER_TYPES = {"SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad",
-                "RMSPROP": "RMSProp", "ADADELTA": "AdaDelta", "ADAM": "Adam"}
+SOLVER_TYPES = {
+    "SGD": "SGD",
+    "NESTEROV": "Nesterov",
+    "ADAGRAD": "AdaGrad",
+    "RMSPROP": "RMSProp",
+    "ADADELTA": "AdaDelta",
+    "ADAM": "Adam",
+}
 
 # V1 data layers whose parameters used to carry the transformation fields.
-_DATA_PARAMS = {"DATA": "data_param", "IMAGE_DATA": "image_data_param",
-                "WINDOW_DATA": "window_data_param"}
+_DATA_PARAMS = {"DATA": "data_param", "IMAGE_DATA": "image_data_param", "WINDOW_DATA": "window_data_param"}
 _TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
 
@@ -62,15 +96,23 @@ def upgrade_net(net_param):
     net = net_param.copy()
     for v1 in net.layers:
         if v1.has("layer"):
-            raise _error("this net uses the V0 layer format (layers { layer { ... } }) from "
-                         "before 2014, which minicaffe does not read; convert it with Caffe's "
-                         "upgrade_net_proto_text tool", v1, "layer")
+            raise _error(
+                "this net uses the V0 layer format (layers { layer { ... } }) from "
+                "before 2014, which minicaffe does not read; convert it with Caffe's "
+                "upgrade_net_proto_text tool",
+                v1,
+                "layer",
+            )
     upgrade_data_transformation(net)
     if net.has("layers"):
         if net.has("layer"):
-            raise _error("the net mixes 'layer' (current format, type: \"Convolution\") and "
-                         "'layers' (V1 format, type: CONVOLUTION) fields; write every layer "
-                         "in one format (the current one: layer { ... })", net, "layers")
+            raise _error(
+                "the net mixes 'layer' (current format, type: \"Convolution\") and "
+                "'layers' (V1 format, type: CONVOLUTION) fields; write every layer "
+                "in one format (the current one: layer { ... })",
+                net,
+                "layers",
+            )
         for v1 in net.layers:
             net.layer.append(upgrade_v1_layer(v1))
         net.clear("layers")
@@ -95,7 +137,7 @@ def upgrade_data_transformation(net):
 def upgrade_v1_layer(v1):
     """The LayerParameter equivalent of V1LayerParameter ``v1`` (UpgradeV1LayerParameter)."""
     layer = Message("LayerParameter")
-    layer._locs.update(v1._locs)            # errors about the layer still point into the file
+    layer._locs.update(v1._locs)  # errors about the layer still point into the file
     if v1.has("name"):
         layer.name = v1.name
     if v1.has("type"):
@@ -113,10 +155,11 @@ def upgrade_v1_layer(v1):
         while len(layer.param) <= i:
             layer.add("param")
         return layer.param[i]
+
     for i, name in enumerate(v1.param):
         param(i).name = name
     for i, mode in enumerate(v1.blob_share_mode):
-        param(i).share_mode = mode           # same value names: STRICT, PERMISSIVE
+        param(i).share_mode = mode  # same value names: STRICT, PERMISSIVE
     for i, lr in enumerate(v1.blobs_lr):
         param(i).lr_mult = lr
     for i, decay in enumerate(v1.weight_decay):
@@ -134,15 +177,17 @@ def upgrade_input_dim(net):
     if not net.has("input_dim"):
         return
     if net.has("input_shape"):
-        raise _error("the net gives both input_dim and input_shape; use input_shape only",
-                     net, "input_dim")
+        raise _error("the net gives both input_dim and input_shape; use input_shape only", net, "input_dim")
     dims, names = list(net.input_dim), list(net.input)
     if len(dims) != 4 * len(names):
-        raise _error(f"the net has {len(names)} input(s) and {len(dims)} input_dim values; "
-                     "input_dim needs exactly four (num, channels, height, width) per input",
-                     net, "input_dim")
+        raise _error(
+            f"the net has {len(names)} input(s) and {len(dims)} input_dim values; "
+            "input_dim needs exactly four (num, channels, height, width) per input",
+            net,
+            "input_dim",
+        )
     for i in range(len(names)):
-        net.add("input_shape").dim = dims[4 * i:4 * i + 4]
+        net.add("input_shape").dim = dims[4 * i : 4 * i + 4]
     net.clear("input_dim")
 
 
@@ -161,8 +206,11 @@ def upgrade_solver(solver_param):
     solver = solver_param.copy()
     if solver.has("solver_type"):
         if solver.has("type"):
-            raise _error("the solver gives both solver_type (the old enum) and type; "
-                         "use type only (e.g. type: \"SGD\")", solver, "solver_type")
+            raise _error(
+                'the solver gives both solver_type (the old enum) and type; use type only (e.g. type: "SGD")',
+                solver,
+                "solver_type",
+            )
         solver.type = SOLVER_TYPES[solver.solver_type]
         solver.clear("solver_type")
     return solver

@@ -28,6 +28,7 @@ Caffe net is a ``NetParameter`` whose layers hold ``BlobProto`` blobs, and a blo
 ``data`` is one packed run of float32s: ``np.frombuffer`` turns it into an array without a
 Python loop (and, for a ``bytes`` input, without a copy: the array is a read-only view).
 """
+
 import struct
 
 import numpy as np
@@ -40,8 +41,17 @@ VARINT, I64, LEN, I32 = 0, 1, 2, 5
 WIRE_TYPE_NAMES = {0: "VARINT", 1: "I64", 2: "LEN", 3: "SGROUP", 4: "EGROUP", 5: "I32"}
 
 # The wire type of one (unpacked) element of each field type.
-_SCALAR_WIRE_TYPE = {"int32": VARINT, "int64": VARINT, "uint32": VARINT, "uint64": VARINT,
-                     "bool": VARINT, "double": I64, "float": I32, "string": LEN, "bytes": LEN}
+_SCALAR_WIRE_TYPE = {
+    "int32": VARINT,
+    "int64": VARINT,
+    "uint32": VARINT,
+    "uint64": VARINT,
+    "bool": VARINT,
+    "double": I64,
+    "float": I32,
+    "string": LEN,
+    "bytes": LEN,
+}
 
 # Fixed-width little-endian element types (a packed run of them is one np.frombuffer).
 _FIXED = {"float": np.dtype("<f4"), "double": np.dtype("<f8")}
@@ -61,12 +71,13 @@ def wire_type_of(field):
 # Decoding
 # ---------------------------------------------------------------------------------------------
 
+
 class Decoder:
     """Reads messages out of one buffer; every position is an absolute byte offset in it."""
 
     def __init__(self, data, filename=None):
         if not isinstance(data, (bytes, bytearray)):
-            data = memoryview(data).cast("B")       # any other bytes-like object
+            data = memoryview(data).cast("B")  # any other bytes-like object
         self.data, self.filename = data, filename
 
     def error(self, message, offset):
@@ -77,8 +88,7 @@ class Decoder:
         data, result, shift, start = self.data, 0, 0, pos
         while True:
             if pos >= end:
-                raise self.error("truncated input: a varint runs past the end of its message",
-                                 start)
+                raise self.error("truncated input: a varint runs past the end of its message", start)
             byte = data[pos]
             pos += 1
             result |= (byte & 0x7F) << shift
@@ -93,15 +103,14 @@ class Decoder:
         desc = descriptor(type_name)
         msg = Message(type_name)
         values = msg._values
-        numbers = {}                 # repeated numeric field name -> list of chunks
+        numbers = {}  # repeated numeric field name -> list of chunks
         pos = start
         while pos < end:
             record_start = pos
             key, pos = self.read_varint(pos, end)
             number, wire_type = key >> 3, key & 7
             if number == 0:
-                raise self.error(f"corrupted input: field number 0 in a {type_name}",
-                                 record_start)
+                raise self.error(f"corrupted input: field number 0 in a {type_name}", record_start)
             # -- read the payload: its extent is known from the wire type alone --
             if wire_type == VARINT:
                 payload, pos = self.read_varint(pos, end)
@@ -114,29 +123,35 @@ class Decoder:
                     known = desc.by_number.get(number)
                     what = f"field {number}" + (f" ('{known.name}')" if known else "")
                     raise self.error(
-                        f"truncated input: {what} of {type_name} needs {size} bytes "
-                        f"but only {end - pos} remain", record_start)
+                        f"truncated input: {what} of {type_name} needs {size} bytes but only {end - pos} remain",
+                        record_start,
+                    )
                 payload, pos = (pos, pos + size), pos + size
             else:
-                raise self.error(f"corrupted input: wire type {wire_type} "
-                                 f"({WIRE_TYPE_NAMES.get(wire_type, 'invalid')}) for field "
-                                 f"{number} of {type_name} is not supported", record_start)
+                raise self.error(
+                    f"corrupted input: wire type {wire_type} "
+                    f"({WIRE_TYPE_NAMES.get(wire_type, 'invalid')}) for field "
+                    f"{number} of {type_name} is not supported",
+                    record_start,
+                )
             field = desc.by_number.get(number)
             if field is None:
-                continue                       # a field this schema does not know: skip it
+                continue  # a field this schema does not know: skip it
             # -- interpret it --
             expected = wire_type_of(field)
-            packed = (field.repeated and wire_type == LEN and expected != LEN)
+            packed = field.repeated and wire_type == LEN and expected != LEN
             if wire_type != expected and not packed:
                 raise self.error(
                     f"corrupted input: field '{field.name}' ({number}) of {type_name} is "
                     f"{field.type_label} (wire type {WIRE_TYPE_NAMES[expected]}) but is "
-                    f"stored with wire type {WIRE_TYPE_NAMES[wire_type]}", record_start)
+                    f"stored with wire type {WIRE_TYPE_NAMES[wire_type]}",
+                    record_start,
+                )
             if field.kind == "message":
                 sub = self.decode_message(field.type, *payload)
                 if field.repeated:
                     list.append(msg._repeated(field.name), sub)
-                elif field.name in values:     # protobuf merges a repeated singular message
+                elif field.name in values:  # protobuf merges a repeated singular message
                     merge(values[field.name], sub)
                 else:
                     values[field.name] = sub
@@ -144,7 +159,7 @@ class Decoder:
             if packed:
                 chunk = self.unpack(field, *payload)
             elif wire_type == LEN:
-                chunk = bytes(self.data[payload[0]:payload[1]])
+                chunk = bytes(self.data[payload[0] : payload[1]])
                 if field.type == "string":
                     chunk = chunk.decode("utf-8", "surrogateescape")
             elif wire_type == VARINT:
@@ -152,7 +167,7 @@ class Decoder:
             else:
                 chunk = np.frombuffer(self.data, _FIXED[field.type], 1, payload[0])[0].item()
             if field.kind == "enum" and chunk is None:
-                continue                       # an enum number this schema does not know
+                continue  # an enum number this schema does not know
             if not field.repeated:
                 values[field.name] = chunk
             else:
@@ -160,7 +175,7 @@ class Decoder:
                 if packed:
                     chunks.append(chunk)
                 elif chunks and isinstance(chunks[-1], list):
-                    chunks[-1].append(chunk)   # unpacked elements gather in a list
+                    chunks[-1].append(chunk)  # unpacked elements gather in a list
                 else:
                     chunks.append([chunk])
         for name, chunks in numbers.items():
@@ -180,9 +195,11 @@ class Decoder:
         if field.type in _FIXED:
             dtype = _FIXED[field.type]
             if (end - start) % dtype.itemsize:
-                raise self.error(f"corrupted input: packed field '{field.name}' holds "
-                                 f"{end - start} bytes, not a multiple of {dtype.itemsize}",
-                                 start)
+                raise self.error(
+                    f"corrupted input: packed field '{field.name}' holds "
+                    f"{end - start} bytes, not a multiple of {dtype.itemsize}",
+                    start,
+                )
             return np.frombuffer(self.data, dtype, (end - start) // dtype.itemsize, start)
         out, pos = [], start
         while pos < end:
@@ -207,10 +224,10 @@ class Decoder:
             return value & 0xFFFFFFFF
         if t == "uint64":
             return value & _MASK64
-        if t == "int32":                       # low 32 bits, two's complement
+        if t == "int32":  # low 32 bits, two's complement
             value &= 0xFFFFFFFF
             return value - (1 << 32) if value >= 1 << 31 else value
-        value &= _MASK64                       # int64
+        value &= _MASK64  # int64
         return value - (1 << 64) if value >= 1 << 63 else value
 
 
@@ -225,8 +242,7 @@ def merge(dst, src):
                 dst._values[name] = value
             elif isinstance(current, np.ndarray) or isinstance(value, np.ndarray):
                 dtype = NUMPY_DTYPES[field.type]
-                dst._values[name] = np.concatenate([np.asarray(current, dtype),
-                                                    np.asarray(value, dtype)])
+                dst._values[name] = np.concatenate([np.asarray(current, dtype), np.asarray(value, dtype)])
             else:
                 list.extend(current, value)
         elif field.kind == "message" and name in dst._values:
@@ -246,6 +262,7 @@ def decode(data, type_name="NetParameter", filename=None):
 # ---------------------------------------------------------------------------------------------
 # Encoding
 # ---------------------------------------------------------------------------------------------
+
 
 def encode_varint(value):
     """The varint bytes of a non-negative integer below 2**64."""
@@ -267,7 +284,7 @@ def _varint_of(field, value):
         value = field.enum_values[value]
     elif field.type == "bool":
         value = int(bool(value))
-    return encode_varint(int(value) & _MASK64)        # negatives: 64-bit two's complement
+    return encode_varint(int(value) & _MASK64)  # negatives: 64-bit two's complement
 
 
 def _element(field, value):
@@ -287,7 +304,7 @@ def _element(field, value):
 def _encode(msg, chunks):
     """Append the encoding of ``msg`` to the list ``chunks``; return its length in bytes."""
     size = 0
-    for name, value in msg.fields():           # in field-number order, like protobuf
+    for name, value in msg.fields():  # in field-number order, like protobuf
         field = msg._desc.by_name[name]
         values = value if field.repeated else [value]
         if field.kind == "message":

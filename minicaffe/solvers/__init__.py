@@ -3,13 +3,15 @@
 ``get_solver(path)`` builds the solver the prototxt's ``type`` names (default SGD);
 ``SGDSolver(path)`` etc. build one directly.
 """
+
 from ..errors import SolverError, did_you_mean
 from .adaptive import AdaDeltaSolver, AdaGradSolver, AdamSolver, RMSPropSolver
 from .sgd import NesterovSolver, SGDSolver
 from .solver import Solver, load_solver_param
 
-SOLVERS = {cls.type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver,
-                                     AdaDeltaSolver, AdamSolver)}
+SOLVERS = {
+    cls.type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver, AdaDeltaSolver, AdamSolver)
+}
 
 
 def solver_class(type_name):
@@ -25,5 +27,14 @@ def get_solver(path, **kwargs):
     return solver_class(param.type)(path, **kwargs)
 
 
-__all__ = ["Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver",
-           "AdamSolver", "get_solver", "SOLVERS"]
+__all__ = [
+    "Solver",
+    "SGDSolver",
+    "NesterovSolver",
+    "AdaGradSolver",
+    "RMSPropSolver",
+    "AdaDeltaSolver",
+    "AdamSolver",
+    "get_solver",
+    "SOLVERS",
+]

@@ -10,6 +10,7 @@ g = the regularized gradient, lr_i = rate * lr_mult_i, eps = ``delta``:
                step = lr_i sqrt(1 - b2^t) / (1 - b1^t) a / (sqrt(b) + eps),  t = iter + 1
                                                             (b1 = momentum, b2 = momentum2)
 """
+
 from ..errors import SolverError
 from .solver import Solver
 
@@ -81,5 +82,5 @@ class AdamSolver(Solver):
         b *= b2
         b += (1 - b2) * g * g
         t = self.iter + 1
-        correction = (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
+        correction = (1 - b2**t) ** 0.5 / (1 - b1**t)
         g[...] = (rate * self.net.params_lr[i] * correction) * a / (xp.sqrt(b) + self.param.delta)

@@ -1,13 +1,14 @@
 """Caffe's learning-rate policies (solver.prototxt ``lr_policy``), as functions of the iteration.
 
-    fixed      base_lr
-    step       base_lr * gamma ^ floor(iter / stepsize)
-    exp        base_lr * gamma ^ iter
-    inv        base_lr * (1 + gamma * iter) ^ (-power)
-    multistep  base_lr * gamma ^ (number of stepvalues already reached)
-    poly       base_lr * (1 - iter / max_iter) ^ power
-    sigmoid    base_lr * 1 / (1 + exp(-gamma * (iter - stepsize)))
+fixed      base_lr
+step       base_lr * gamma ^ floor(iter / stepsize)
+exp        base_lr * gamma ^ iter
+inv        base_lr * (1 + gamma * iter) ^ (-power)
+multistep  base_lr * gamma ^ (number of stepvalues already reached)
+poly       base_lr * (1 - iter / max_iter) ^ power
+sigmoid    base_lr * 1 / (1 + exp(-gamma * (iter - stepsize)))
 """
+
 import math
 
 from ..errors import SolverError, did_you_mean
@@ -25,8 +26,14 @@ def check(param, where="solver"):
     policy = param.lr_policy
     if policy not in POLICIES:
         raise SolverError(f"{where}: unknown lr_policy '{policy}'." + did_you_mean(policy, POLICIES, "policies"))
-    need = {"step": ("gamma", "stepsize"), "exp": ("gamma",), "inv": ("gamma", "power"),
-            "multistep": ("gamma", "stepvalue"), "poly": ("power",), "sigmoid": ("gamma", "stepsize")}
+    need = {
+        "step": ("gamma", "stepsize"),
+        "exp": ("gamma",),
+        "inv": ("gamma", "power"),
+        "multistep": ("gamma", "stepvalue"),
+        "poly": ("power",),
+        "sigmoid": ("gamma", "stepsize"),
+    }
     for field in need.get(policy, ()):
         if not param.has(field):
             raise SolverError(f"{where}: lr_policy '{policy}' needs '{field}'")
@@ -47,11 +54,11 @@ def learning_rate(param, it, current_step=0):
     if policy == "step":
         return base * param.gamma ** (it // param.stepsize)
     if policy == "exp":
-        return base * param.gamma ** it
+        return base * param.gamma**it
     if policy == "inv":
         return base * (1.0 + param.gamma * it) ** (-param.power)
     if policy == "multistep":
-        return base * param.gamma ** current_step
+        return base * param.gamma**current_step
     if policy == "poly":
         return base * (1.0 - it / param.max_iter) ** param.power
     if policy == "sigmoid":

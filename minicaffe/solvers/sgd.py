@@ -5,6 +5,7 @@ With g = the regularized gradient (``param.diff``), lr_i = rate * lr_mult_i, m =
     SGD:       v <- m v + lr_i g ;            w <- w - v
     Nesterov:  v' <- m v + lr_i g ;           w <- w - ((1 + m) v' - m v)
 """
+
 from .solver import Solver
 
 
@@ -18,8 +19,14 @@ class SGDSolver(Solver):
         p = self.net.learnable_params[i]
         self.normalize(i)
         decay = self.param.weight_decay * self.net.params_weight_decay[i]
-        self.net.backend.sgd_step(p.flat_data, p.flat_diff, self.history[0][i].reshape(-1),
-                                  self.param.momentum, rate * self.net.params_lr[i], decay)
+        self.net.backend.sgd_step(
+            p.flat_data,
+            p.flat_diff,
+            self.history[0][i].reshape(-1),
+            self.param.momentum,
+            rate * self.net.params_lr[i],
+            decay,
+        )
 
     def compute_update_value(self, i, rate):
         p = self.net.learnable_params[i]

@@ -19,6 +19,7 @@ SolverState protobuf: it is an .npz (history arrays + a JSON record of the itera
 the data readers' positions; no pickle), because an exact resume needs the RNG and reader
 positions that Caffe's format has no field for.
 """
+
 import json
 import math
 import os
@@ -29,7 +30,7 @@ import numpy as np
 from .. import rng as _rng
 from ..errors import SolverError
 from ..io import atomic_write, save_weights
-from ..net import Net, TEST, TRAIN, load_net_param
+from ..net import TEST, TRAIN, Net, load_net_param
 from . import lr_policy
 
 STATE_FORMAT = "minicaffe-solverstate-1"
@@ -38,6 +39,7 @@ STATE_FORMAT = "minicaffe-solverstate-1"
 def load_solver_param(source):
     """A SolverParameter from a path or a Message, upgraded; remembers the file's directory."""
     from .. import proto
+
     if isinstance(source, proto.Message):
         return proto.upgrade_solver(source.copy()), os.getcwd()
     path = os.fspath(source)
@@ -67,7 +69,7 @@ class Solver:
     def __init__(self, solver, log=None, backend=None, train_net=None, base_dir=None):
         self.param, self.base_dir = load_solver_param(solver)
         if base_dir is not None:
-            self.base_dir = base_dir      # where relative net paths of a Message are looked up
+            self.base_dir = base_dir  # where relative net paths of a Message are looked up
         self.log = log if log is not None else _default_log
         self.backend = backend
         self.iter = 0
@@ -86,11 +88,12 @@ class Solver:
         self.check_hyperparameters()
         self.net = train_net if train_net is not None else self._build_train_net()
         self.test_nets = self._build_test_nets()
-        self.history = [[self.net.xp.zeros_like(b.data) for b in self.net.learnable_params]
-                        for _ in self.history_names]
-        self.log(f"Solver {self.type}: net '{self.net.name}', {len(self.net.learnable_params)} learnable "
-                 f"blobs, {sum(b.count for b in self.net.learnable_params)} parameters, "
-                 f"{len(self.test_nets)} test net(s)")
+        self.history = [[self.net.xp.zeros_like(b.data) for b in self.net.learnable_params] for _ in self.history_names]
+        self.log(
+            f"Solver {self.type}: net '{self.net.name}', {len(self.net.learnable_params)} learnable "
+            f"blobs, {sum(b.count for b in self.net.learnable_params)} parameters, "
+            f"{len(self.test_nets)} test net(s)"
+        )
 
     def check_hyperparameters(self):
         """Rules may refuse settings that make no sense for them (AdaGrad with momentum, ...)."""
@@ -106,8 +109,10 @@ class Solver:
         p = self.param
         given = [f for f in ("net", "net_param", "train_net", "train_net_param") if p.has(f)]
         if len(given) != 1:
-            raise SolverError("solver must name exactly one training net (net, net_param, train_net or "
-                              f"train_net_param); it names {given or 'none'}")
+            raise SolverError(
+                "solver must name exactly one training net (net, net_param, train_net or "
+                f"train_net_param); it names {given or 'none'}"
+            )
         field = given[0]
         value = getattr(p, field)
         if field in ("net", "train_net"):
@@ -126,8 +131,10 @@ class Solver:
             generic = getattr(self, "net_path", None) or p.net_param
             sources += [generic] * n_generic
         if len(p.test_iter) != len(sources):
-            raise SolverError(f"solver: {len(p.test_iter)} test_iter value(s) for {len(sources)} test net(s); "
-                              f"give one test_iter per test net")
+            raise SolverError(
+                f"solver: {len(p.test_iter)} test_iter value(s) for {len(sources)} test net(s); "
+                f"give one test_iter per test net"
+            )
         states = list(p.test_state)
         if states and len(states) != len(sources):
             raise SolverError(f"solver: {len(states)} test_state(s) for {len(sources)} test net(s)")
@@ -166,16 +173,20 @@ class Solver:
                 loss += self.forward_backward()
             loss /= p.iter_size
             if not math.isfinite(loss):
-                raise SolverError(f"loss is {loss} at iteration {self.iter}: training diverged "
-                                  f"(try a smaller base_lr, or clip_gradients)")
+                raise SolverError(
+                    f"loss is {loss} at iteration {self.iter}: training diverged "
+                    f"(try a smaller base_lr, or clip_gradients)"
+                )
             self._update_smoothed_loss(loss, start_iter, average)
             display = p.display and self.iter % p.display == 0
             if display:
                 now = time.perf_counter()
                 lapse = now - tick
                 rate = (self.iter - last_iter) / lapse if lapse > 0 else 0.0
-                self.log(f"Iteration {self.iter} ({rate:.4g} iter/s, {lapse:.4g}s/{p.display} iters), "
-                         f"loss = {self.smoothed_loss:.6g}")
+                self.log(
+                    f"Iteration {self.iter} ({rate:.4g} iter/s, {lapse:.4g}s/{p.display} iters), "
+                    f"loss = {self.smoothed_loss:.6g}"
+                )
                 tick, last_iter = now, self.iter
                 for line in self._output_lines(self.net, "Train"):
                     self.log(line)
@@ -220,7 +231,9 @@ class Solver:
     def _output_lines(self, net, kind, scores=None):
         lines, k = [], 0
         for name in net.outputs:
-            values = scores[name] if scores is not None else np.asarray(net.backend.to_host(net.blobs[name].data)).ravel()
+            values = (
+                scores[name] if scores is not None else np.asarray(net.backend.to_host(net.blobs[name].data)).ravel()
+            )
             weight = net.blob_loss_weights.get(name, 0.0)
             for v in np.ravel(values):
                 msg = f" (* {weight:g} = {weight * v:.6g} loss)" if weight else ""
@@ -283,8 +296,9 @@ class Solver:
         norm = math.sqrt(sumsq)
         if norm > clip:
             scale = clip / norm
-            self.log(f"Gradient clipping: scaling down gradients (L2 norm {norm:.6g} > {clip:g}) "
-                     f"by scale factor {scale:.6g}")
+            self.log(
+                f"Gradient clipping: scaling down gradients (L2 norm {norm:.6g} > {clip:g}) by scale factor {scale:.6g}"
+            )
             for p in self.net.learnable_params:
                 p.flat_diff[...] *= scale
 
@@ -335,9 +349,14 @@ class Solver:
                         data_states[f"{kind}/{ni}/{layer.name}"] = layer.state_dict()
         gen = _rng.get_rng().bit_generator
         return {
-            "format": STATE_FORMAT, "type": self.type, "net": self.net.name, "iter": self.iter,
-            "current_step": self.current_step, "learned_net": os.path.basename(weights_path),
-            "losses": self.losses, "smoothed_loss": self.smoothed_loss,
+            "format": STATE_FORMAT,
+            "type": self.type,
+            "net": self.net.name,
+            "iter": self.iter,
+            "current_step": self.current_step,
+            "learned_net": os.path.basename(weights_path),
+            "losses": self.losses,
+            "smoothed_loss": self.smoothed_loss,
             "param_shapes": [list(p.shape) for p in self.net.learnable_params],
             "rng": {"bit_generator": type(gen).__name__, "state": gen.state, "seed": _rng.get_seed()},
             "data": data_states,
@@ -365,9 +384,11 @@ class Solver:
             raise SolverError(f"{state_path}: unknown solver state format {record.get('format')!r}")
         shapes = [list(p.shape) for p in self.net.learnable_params]
         if record["param_shapes"] != shapes or record["net"] != self.net.name:
-            raise SolverError(f"{state_path}: the state is of net '{record['net']}' with parameter shapes "
-                              f"{record['param_shapes']}, but this solver trains net '{self.net.name}' with "
-                              f"{shapes}: a snapshot from another net")
+            raise SolverError(
+                f"{state_path}: the state is of net '{record['net']}' with parameter shapes "
+                f"{record['param_shapes']}, but this solver trains net '{self.net.name}' with "
+                f"{shapes}: a snapshot from another net"
+            )
         if record["type"] != self.type:
             raise SolverError(f"{state_path}: the state was written by a {record['type']} solver, this is {self.type}")
         weights = os.path.join(os.path.dirname(os.path.abspath(state_path)), record["learned_net"])

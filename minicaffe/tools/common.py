@@ -1,4 +1,5 @@
 """What the command-line tools share: finding nets by short name, the version banner, logging."""
+
 import os
 import platform
 import sys
@@ -12,7 +13,7 @@ NETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.
 def known_nets():
     if not os.path.isdir(NETS_DIR):
         return []
-    return sorted(f[:-len("_solver.prototxt")] for f in os.listdir(NETS_DIR) if f.endswith("_solver.prototxt"))
+    return sorted(f[: -len("_solver.prototxt")] for f in os.listdir(NETS_DIR) if f.endswith("_solver.prototxt"))
 
 
 def resolve_solver(name):
@@ -23,8 +24,11 @@ def resolve_solver(name):
         if os.path.exists(candidate):
             return candidate
     from ..errors import did_you_mean
-    raise MinicaffeError(f"no solver '{name}': not a file, and not a short name of nets/." +
-                         did_you_mean(name, known_nets(), "short names"))
+
+    raise MinicaffeError(
+        f"no solver '{name}': not a file, and not a short name of nets/."
+        + did_you_mean(name, known_nets(), "short names")
+    )
 
 
 def resolve_net(name, kind=""):
@@ -35,16 +39,26 @@ def resolve_net(name, kind=""):
         candidate = os.path.join(NETS_DIR, f"{name}{suffix}.prototxt")
         if os.path.exists(candidate):
             return candidate
-    raise MinicaffeError(f"no net '{name}': not a file, and not a short name of nets/ "
-                         f"({', '.join(sorted(f[:-9] for f in os.listdir(NETS_DIR) if f.endswith('.prototxt')))})")
+    raise MinicaffeError(
+        f"no net '{name}': not a file, and not a short name of nets/ "
+        f"({', '.join(sorted(f[:-9] for f in os.listdir(NETS_DIR) if f.endswith('.prototxt')))})"
+    )
 
 
 def versions():
     import numba
     import numpy
+
     from .. import __version__
-    return {"minicaffe": __version__, "python": platform.python_version(), "numpy": numpy.__version__,
-            "numba": numba.__version__, "machine": platform.machine(), "cpus": os.cpu_count()}
+
+    return {
+        "minicaffe": __version__,
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "numba": numba.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
 
 
 def banner():
@@ -105,8 +119,10 @@ class Progress:
         n = self.done - self.start_done
         eta = elapsed / n * (self.total - self.done) if n > 0 else 0.0
         per = f"{1000 * elapsed / n:.1f} ms/it" if n > 0 else "-- ms/it"
-        return (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-                f"{per} ETA {fmt_seconds(eta)} {self.extra}")
+        return (
+            f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
+            f"{per} ETA {fmt_seconds(eta)} {self.extra}"
+        )
 
     def redraw(self):
         if self.enabled:
@@ -130,12 +146,14 @@ def run_net_tool(args, body):
     """
     from .. import backend as _backend
     from ..net import Net
+
     log = Logger()
     try:
         if args.iterations < 1:
             raise MinicaffeError(f"--iterations must be >= 1, got {args.iterations}")
         if args.data_dir:
             from ..data import set_data_dir
+
             set_data_dir(args.data_dir)
         _backend.set_mode("gpu" if args.device == "gpu" else "cpu")
         path = resolve_net(args.model, "train_test")

@@ -6,6 +6,7 @@
 Runs the net (TEST phase by default) for ``--iterations`` batches, prints every batch's outputs
 (``Batch 3, accuracy = 0.99``) and the mean of each output over all batches.
 """
+
 import argparse
 import time
 

@@ -7,6 +7,7 @@ Runs ``--warmup`` untimed forward-backward passes (past numba's compilation), th
 ``--iterations`` timed ones, and prints each layer's median forward and backward time, the
 forward, backward and total per iteration, and each layer's share.
 """
+
 import argparse
 import statistics
 import time
@@ -61,12 +62,16 @@ def report(net, fwd, bwd, totals, log):
     width = max(len(name) for name in net._layer_names)
     for name, layer, f, b in zip(net._layer_names, net.layers, fwd, bwd):
         share = 100 * (med(f) + med(b)) / max(total_f + total_b, 1e-12)
-        log(f"  {name:>{width}} {layer.type:<16} forward: {ms(med(f)):8.3f} ms  backward: {ms(med(b)):8.3f} ms"
-            f"  ({share:4.1f}%)")
+        log(
+            f"  {name:>{width}} {layer.type:<16} forward: {ms(med(f)):8.3f} ms  backward: {ms(med(b)):8.3f} ms"
+            f"  ({share:4.1f}%)"
+        )
     log(f"Average Forward pass: {ms(total_f):.3f} ms.")
     log(f"Average Backward pass: {ms(total_b):.3f} ms.")
-    log(f"Average Forward-Backward: {ms(med(totals)):.3f} ms (median of {len(totals)}; "
-        f"min {ms(min(totals)):.3f}, max {ms(max(totals)):.3f}).")
+    log(
+        f"Average Forward-Backward: {ms(med(totals)):.3f} ms (median of {len(totals)}; "
+        f"min {ms(min(totals)):.3f}, max {ms(max(totals)):.3f})."
+    )
     log(f"Total Time: {ms(sum(totals)):.1f} ms.")
 
 
@@ -74,8 +79,10 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
 
     def body(net, path, log):
-        log(f"*** Benchmark begins *** {net.name} ({path}), {args.phase}, {args.warmup} warm-up + "
-            f"{args.iterations} timed iterations")
+        log(
+            f"*** Benchmark begins *** {net.name} ({path}), {args.phase}, {args.warmup} warm-up + "
+            f"{args.iterations} timed iterations"
+        )
         fwd, bwd, totals = time_layers(net, args.iterations, args.warmup)
         report(net, fwd, bwd, totals, log)
         log("*** Benchmark ends ***")

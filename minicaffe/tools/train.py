@@ -10,6 +10,7 @@ Writes into the output directory (default ``runs/<name>``): snapshots (``*.caffe
 the versions and settings) and ``curves.png`` (train/test loss and test accuracy against
 iterations and seconds).  Ctrl-C stops after the current iteration and snapshots.
 """
+
 import argparse
 import json
 import os
@@ -24,8 +25,11 @@ from .common import Logger, Progress, banner, fmt_seconds, resolve_solver, versi
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m minicaffe.train", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m minicaffe.train",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("solver", help="a short name from nets/ (lenet, cifar10_quick, ...) or a solver prototxt")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where to train (default cpu)")
     p.add_argument("--iters", type=int, help="stop after this many iterations (overrides max_iter)")
@@ -36,10 +40,18 @@ def build_parser():
     p.add_argument("--data-dir", help="where datasets are cached (default: $MINICAFFE_DATA or ~/.cache/minicaffe)")
     p.add_argument("--snapshot", type=int, help="snapshot every N iterations (overrides the solver)")
     p.add_argument("--test-interval", type=int, help="test every N iterations (overrides the solver; 0 = never)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="SingleCaffe: N worker threads on shards of each batch + a parameter-server thread")
-    p.add_argument("--staleness", type=int, default=0,
-                   help="with --workers: bounded staleness s (SSP); 0 = synchronous (BSP, the default)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="SingleCaffe: N worker threads on shards of each batch + a parameter-server thread",
+    )
+    p.add_argument(
+        "--staleness",
+        type=int,
+        default=0,
+        help="with --workers: bounded staleness s (SSP); 0 = synchronous (BSP, the default)",
+    )
     p.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
     return p
 
@@ -49,9 +61,13 @@ class RunRecord:
 
     def __init__(self, solver_path, args):
         self.t0 = time.perf_counter()
-        self.data = {"solver": solver_path, "args": {k: v for k, v in vars(args).items()},
-                     "versions": versions(), "train": {"iter": [], "loss": [], "lr": [], "seconds": []},
-                     "test": []}
+        self.data = {
+            "solver": solver_path,
+            "args": {k: v for k, v in vars(args).items()},
+            "versions": versions(),
+            "train": {"iter": [], "loss": [], "lr": [], "seconds": []},
+            "test": [],
+        }
 
     def on_iteration(self, solver, loss, lr):
         t = self.data["train"]
@@ -61,8 +77,9 @@ class RunRecord:
         t["seconds"].append(time.perf_counter() - self.t0)
 
     def on_test(self, solver, index, result):
-        self.data["test"].append({"iter": solver.iter, "net": index,
-                                  "seconds": time.perf_counter() - self.t0, "outputs": result})
+        self.data["test"].append(
+            {"iter": solver.iter, "net": index, "seconds": time.perf_counter() - self.t0, "outputs": result}
+        )
 
     def write(self, out_dir, plot=True):
         path = os.path.join(out_dir, "train_log.json")
@@ -76,8 +93,10 @@ class RunRecord:
 
 def plot_curves(data, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     train = data["train"]
     tests = [t for t in data["test"] if t["net"] == 0]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
@@ -88,12 +107,11 @@ def plot_curves(data, path):
             window = min(100, len(train["loss"]))
             if window > 1:
                 import numpy as np
+
                 smooth = np.convolve(train["loss"], np.ones(window) / window, mode="valid")
-                ax.plot(train[key][window - 1:], smooth, lw=1.5, color="C0",
-                        label=f"train loss, mean of {window}")
+                ax.plot(train[key][window - 1 :], smooth, lw=1.5, color="C0", label=f"train loss, mean of {window}")
         if tests and "loss" in tests[0]["outputs"]:
-            ax.plot([t[key] for t in tests], [t["outputs"]["loss"] for t in tests], "o-", color="C1",
-                    label="test loss")
+            ax.plot([t[key] for t in tests], [t["outputs"]["loss"] for t in tests], "o-", color="C1", label="test loss")
         ax.set_yscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("loss")
@@ -104,7 +122,7 @@ def plot_curves(data, path):
         for j, k in enumerate(accs):
             values = [t["outputs"][k] for t in tests]
             ax.plot([t[key] for t in tests], values, "o-", color=f"C{j + 1}", label=f"test {k}")
-            if len(values) > 2:       # zoom on the end of training; the first test may fall below
+            if len(values) > 2:  # zoom on the end of training; the first test may fall below
                 low = min(values[1:])
                 ax.set_ylim(max(0.0, low - 0.1 * (1 - low) - 0.002), min(1.0, max(values) + 0.1 * (1 - low) + 0.002))
         ax.set_xlabel(label)
@@ -129,12 +147,14 @@ def last_snapshot(out_dir):
 
 def run(args):
     from ..solvers import get_solver, load_solver_param
+
     solver_path = resolve_solver(args.solver)
     name = os.path.basename(solver_path).replace("_solver.prototxt", "").replace(".prototxt", "")
     out_dir = args.output or os.path.join("runs", name)
     os.makedirs(out_dir, exist_ok=True)
     if args.data_dir:
         from ..data import set_data_dir
+
         set_data_dir(os.path.abspath(args.data_dir))
     if args.weights and args.resume:
         raise MinicaffeError("give --weights (start from weights) or --resume (continue a run), not both")
@@ -187,14 +207,17 @@ def run(args):
         start_iter = solver.iter
         if args.workers > 1 or args.staleness > 0:
             from ..parallel import train_with_workers
+
             trainer = train_with_workers(solver, args.workers, staleness=args.staleness)
             st = trainer.stats()
             ms = lambda v: f"{1000 * v:.2f}"
-            log(f"Parallel: {st['clocks']} iterations, {ms(st['wall_per_clock'])} ms each; server: fetch "
+            log(
+                f"Parallel: {st['clocks']} iterations, {ms(st['wall_per_clock'])} ms each; server: fetch "
                 f"{ms(st['server_fetch'])}, wait {ms(st['server_wait'])}, reduce {ms(st['server_reduce'])}, "
                 f"update {ms(st['server_update'])} ms; workers compute "
                 f"{', '.join(ms(v) for v in st['worker_compute'])} ms, wait "
-                f"{', '.join(ms(v) for v in st['worker_wait'])} ms")
+                f"{', '.join(ms(v) for v in st['worker_wait'])} ms"
+            )
         else:
             solver.solve()
     except SolverError as exc:
@@ -212,8 +235,10 @@ def run(args):
     elapsed = time.perf_counter() - start
     done = solver.iter - (start_iter or 0)
     log_path, png = record.write(out_dir, plot=not args.no_plot)
-    summary = f"Trained {done} iterations in {elapsed:.1f} s ({fmt_seconds(elapsed)}, " \
-              f"{1000 * elapsed / max(done, 1):.2f} ms/iter including tests)"
+    summary = (
+        f"Trained {done} iterations in {elapsed:.1f} s ({fmt_seconds(elapsed)}, "
+        f"{1000 * elapsed / max(done, 1):.2f} ms/iter including tests)"
+    )
     log(summary)
     tests = [t for t in record.data["test"] if t["net"] == 0]
     if tests:
