@@ -1,0 +1,673 @@
+"""The sharded parameter server: every node is a worker *and* one shard of the server
+(Poseidon's distributed key-value store, co-located with the workers).
+
+Sharding: every learnable blob is cut into P contiguous slices (``shard_bounds(count, P)``, sizes
+differing by at most one); node s owns slice s of *every* blob.  Whole blobs per shard would be
+simpler, but one blob often dominates (LeNet's ip1 holds 400,000 of 431,080 parameters, AlexNet's
+fc6 38M of 61M): its shard would carry almost all the traffic and all the update work.  With 1/P
+of each blob every node sends and receives the same bytes, and a layer's sync is spread over all
+links at once.  The price: P messages per blob per direction (tiny biases split into tiny frames).
+
+Every clock c (one global batch of B images; node r computes on its slice b_r of it)::
+
+    node r (compute thread)                              shard s (its server thread)
+      G = gradient of its b_r images, scaled by b_r / B
+      for each blob i (last layer first):   push(i, c)  ---- GRAD(i, c): slice s of G_i ---->
+                                                           sum the P slices in rank order
+                                                           the Solver's own update on slice s:
+                                                           lr policy(c), normalize, decay, rule
+      wait_params(i, c + 1 - staleness) <------------ PARAM(i, version c+1): slice s of W_i
+      (received straight into the node's parameter vector W)
+
+So the update rule, the lr policy, momentum, weight decay and every history buffer are those of
+minicaffe's Solver (a Solver of the same type runs each shard: ``update_parameter`` over a net
+whose blobs are the shard's slices).  BSP (staleness 0): a node starts clock c+1 only with every
+slice at version c+1, so P nodes compute exactly what one process computes on the global batch
+(up to float32 summation order).  SSP (staleness s): a node may start clock c+1 with slices as
+old as version c+1-s; shards still apply every clock's update in order from all P gradients.
+
+``clip_gradients`` needs the global norm of the summed gradient: each shard sends the sum of
+squares of its slices (a NORM frame) to every other shard, and all scale by the same factor.
+
+Extension point (wait-free backpropagation, hybrid communication): the Node is built so that a
+layer can be synchronized on its own:
+
+    ``node.push(i, clock)``          "sync blob i's gradients now" (non-blocking: frames are
+                                     queued to the communication threads); call it from the Net's
+                                     after-backward hook of the layer owning blob i.
+    ``node.wait_params(i, version)`` "wait for blob i's fresh parameters" (blocks until every
+                                     slice has that version); call it from the before-forward hook.
+    ``node.blob_names[i]``, ``node.grad(i)`` (this node's gradient of blob i, already scaled),
+    ``node.params(i)`` (the parameter array every slice lands in), ``node.transport`` (send your
+    own frames: kinds and keys in frames.py; ``node.extra_handlers[kind]`` receives them).
+
+The default schedule (``sync()``, what the Solver's updater calls) pushes every blob, last
+layer first, then waits for all of them.
+
+Snapshots and resume: rank 0 owns the run's files.  At start-up it broadcasts the parameters, the
+iteration, the lr step and the data readers' positions (INIT, STATE), and on resume the history
+slices to their shards (HIST); before a snapshot it asks every shard for its history (HIST_REQ)
+and writes the Solver's usual snapshot, which another run (or one process) can resume.
+"""
+
+import threading
+import time
+
+import numpy as np
+
+from ..memory.flat import ParamLayout
+from ..parallel.replica import build_replica, shard_bounds
+from ..solvers import solver_class
+from . import frames as F
+from .transport import DistError
+
+
+class ShardNet:
+    """The part of a Net a Solver's update touches, over this shard's slices of every blob."""
+
+    def __init__(self, net, sizes):
+        from ..blob import Blob
+
+        self.name = net.name
+        self.xp, self.backend, self.dtype = net.xp, net.backend, net.dtype
+        self.learnable_params = [Blob((n,), net.dtype, net.xp, name=f"shard{i}") for i, n in enumerate(sizes)]
+        self.params_lr = list(net.params_lr)
+        self.params_weight_decay = list(net.params_weight_decay)
+        self.layers, self.outputs, self.blobs = [], [], {}
+
+    def clear_param_diffs(self):
+        for p in self.learnable_params:
+            p.flat_diff[...] = 0
+
+
+def _quiet(_message):
+    pass
+
+
+def blob_names(net):
+    """A name per learnable blob: 'conv1/w', 'conv1/b', ..."""
+    names, k, owner_index = [], 0, 0
+    for layer in net.layers:
+        for j, _ in enumerate(layer.blobs):
+            if net.params_owner[k] is None:
+                names.append(f"{layer.name}/{'wb'[j] if j < 2 else j}")
+                owner_index += 1
+            k += 1
+    return names
+
+
+class Node:
+    """One node of a distributed run.  Built by ``minicaffe.dist.train`` around the Solver."""
+
+    def __init__(self, solver, transport, staleness=0, workers=1, log=None, resume=False):
+        self.solver, self.transport = solver, transport
+        self.rank, self.world = transport.rank, transport.world
+        self.staleness, self.n_workers = int(staleness), int(workers)
+        self.log = log or solver.log
+        self.resume = resume
+        net = solver.net
+        p = solver.param
+        if staleness < 0:
+            raise DistError(f"staleness must be >= 0 (0 = BSP), got {staleness}")
+        self.iter_size = max(1, int(p.iter_size))
+        self.layout = ParamLayout(net)
+        self.n_blobs = len(net.learnable_params)
+        self.blob_names = blob_names(net)
+        self.dtype = net.dtype
+        # -- data: every node reads the global batch (same seed, same order) and keeps its slice
+        self.data_layers = [
+            (i, layer) for i, layer in enumerate(net.layers) if layer.type == "Data" and hasattr(layer, "prefetcher")
+        ]
+        if not self.data_layers:
+            raise DistError(f"net '{net.name}' has no Data layer: data-parallel training shards a Data layer's batch")
+        self.node_bounds, self.worker_bounds = {}, {}
+        for _, layer in self.data_layers:
+            B = layer.batch_size
+            if B < self.world * self.n_workers:
+                raise DistError(
+                    f"{self.world} nodes x {self.n_workers} workers need a batch of at least "
+                    f"{self.world * self.n_workers}; layer '{layer.name}' has batch_size {B}"
+                )
+            lo, hi = shard_bounds(B, self.world)[self.rank]
+            self.node_bounds[layer.name] = (lo, hi)
+            self.worker_bounds[layer.name] = [(lo + a, lo + b) for a, b in shard_bounds(hi - lo, self.n_workers)]
+        first = self.data_layers[0][1]
+        self.batch = first.batch_size
+        lo, hi = self.node_bounds[first.name]
+        self.scale = (hi - lo) / self.batch  # this node's share of the global mean gradient
+        self.worker_weights = [(b - a) / self.batch for a, b in self.worker_bounds[first.name]]
+        # -- parameters: one flat W (every replica's blobs are views of it), gradient slots
+        P = self.layout.count
+        self.W = np.empty(P, self.dtype)
+        self.layout.attach_data(self.W)
+        self.n_slots = self.staleness + 1
+        # gradient slots: clock c is computed into G[c % (s + 1)], which stays untouched until
+        # every shard has it (a node starts clock c + s + 1 only after version c + 1 exists)
+        self.G = np.zeros((self.n_slots, P), self.dtype)
+        self.G_solver = np.zeros(P, self.dtype)  # the Solver clears these diffs; the shards update
+        self.layout.attach_diff(self.G_solver)
+        for t in solver.test_nets:
+            t.share_with(net)
+        sizes = {layer.name: [(b - a) for a, b in self.worker_bounds[layer.name]] for _, layer in self.data_layers}
+        self.replicas = []
+        for k in range(self.n_workers):
+            r = build_replica(solver, self.data_layers, {name: s[k] for name, s in sizes.items()})
+            lay = ParamLayout(r)
+            lay.attach_data(self.W, copy=False)
+            self.replicas.append((r, lay))
+        self.Gk = None
+        if self.n_workers == 1:
+            self.replicas[0][1].attach_diff(self.G[0])
+        else:
+            self.Gk = np.zeros((self.n_workers, P), self.dtype)
+            for k, (_, lay) in enumerate(self.replicas):
+                lay.attach_diff(self.Gk[k])
+        # -- this node's shard of every blob
+        self.bounds = [shard_bounds(n, self.world) for n in self.layout.counts]
+        mine = [b[self.rank] for b in self.bounds]
+        self.shard_net = ShardNet(net, [hi - lo for lo, hi in mine])
+        sp = p.copy()
+        for field in ("test_iter", "test_net", "test_net_param", "test_state"):
+            sp.clear(field)
+        sp.random_seed = -1
+        sp.clip_gradients = -1
+        self.shard_solver = solver_class(solver.type)(sp, train_net=self.shard_net, log=_quiet)
+        self.clip = float(p.clip_gradients)
+        # receive buffers of the shard: [slot][src][blob]
+        self.gbuf = [
+            [[np.empty(hi - lo, self.dtype) for lo, hi in mine] if s != self.rank else None for s in range(self.world)]
+            for _ in range(self.n_slots)
+        ]
+        self.nbuf = [[np.zeros(1, np.float64) for _ in range(self.world)] for _ in range(self.n_slots)]
+        # -- state shared between the compute thread, the receivers and the server thread
+        self.cv = threading.Condition()
+        self.error = None
+        self.versions = np.zeros((self.n_blobs, self.world), np.int64)  # slice version per (blob, shard)
+        for i, b in enumerate(self.bounds):
+            for s, (lo, hi) in enumerate(b):
+                if hi == lo:
+                    self.versions[i, s] = 1 << 60  # an empty slice is always fresh
+        self.arrivals = {}  # (clock, blob) -> count of gradient slices arrived at this shard
+        self.norm_arrivals = {}
+        self.ready = []  # (clock, blob) whose P slices are all here, in completion order
+        self.applied = {}  # clock -> blobs updated by this shard
+        self.hist_requests = set()
+        self.hist_pending = 0
+        self.stop_at = None
+        # what a node other than 0 still waits for from node 0 before its first clock
+        self.init_pending = None if self.rank == 0 else {"state": None, "init": self.n_blobs, "hist": None}
+        self.extra_handlers = {}
+        self.clock = 0  # the clock being computed
+        self.server_version = 0  # clocks below it are applied by this shard
+        self.calls = 0
+        self.iter0 = None
+        # instrumentation
+        self.wait_time = np.zeros(self.n_blobs)
+        self.compute_time = 0.0
+        self.sync_time = 0.0
+        self.timeline = []  # (thread, start, end, what) over the first `timeline_clocks` clocks
+        self.timeline_clocks = 3
+        self.t_origin = time.perf_counter()
+        self.server = threading.Thread(target=self._serve, name="minicaffe-dist-server", daemon=True)
+        self._stop_server = False
+
+    # -- start-up ----------------------------------------------------------------------------
+    def start(self):
+        """Connect the handler, agree on the initial state (rank 0's), start the server thread."""
+        self.transport.start(self)
+        solver = self.solver
+        if self.rank == 0:
+            state = {
+                "iter": solver.iter,
+                "current_step": solver.current_step,
+                "data": {layer.name: layer.state_dict() for _, layer in self.data_layers},
+                "resume": bool(self.resume),
+            }
+            for dst in range(1, self.world):
+                self.transport.send(dst, F.STATE, 0, solver.iter, payload=F.encode_json(state))
+                for i in range(self.n_blobs):
+                    self.transport.send(dst, F.INIT, i, solver.iter, self.layout.slice(self.W, i))
+                if self.resume:
+                    for h, hist in enumerate(solver.history):
+                        for i in range(self.n_blobs):
+                            lo, hi = self.bounds[i][dst]
+                            if hi > lo:
+                                flat = hist[i].reshape(-1)
+                                self.transport.send(dst, F.HIST, h * self.n_blobs + i, solver.iter, flat[lo:hi])
+            self._load_own_shard(history=self.resume)
+        else:
+            with self.cv:
+                deadline = time.monotonic() + 120
+                while self.error is None and not self._init_done():
+                    self.cv.wait(0.2)
+                    if time.monotonic() > deadline:
+                        raise DistError(f"node {self.rank}: no initial state from node 0 within 120 s")
+                self._raise_if_failed()
+                state = self.init_pending["state"]
+            solver.iter = int(state["iter"])
+            solver.current_step = int(state["current_step"])
+            for _, layer in self.data_layers:
+                layer.load_state_dict(state["data"][layer.name])
+            self._load_own_shard(history=False)  # history slices were received into place
+        self.iter0 = self.server_version = solver.iter
+        self.versions[self.versions < (1 << 60)] = solver.iter
+        self.shard_solver.iter = solver.iter
+        self.shard_solver.current_step = solver.current_step
+        self.server.start()
+
+    def _init_done(self):
+        p = self.init_pending
+        if p["state"] is None or p["init"] > 0:
+            return False
+        return not p["state"].get("resume") or p["hist"] == 0
+
+    def _load_own_shard(self, history):
+        for i in range(self.n_blobs):
+            lo, hi = self.bounds[i][self.rank]
+            self.shard_net.learnable_params[i].flat_data[...] = self.layout.slice(self.W, i)[lo:hi]
+            if history:
+                for h, hist in enumerate(self.solver.history):
+                    self.shard_solver.history[h][i].reshape(-1)[...] = hist[i].reshape(-1)[lo:hi]
+
+    # -- the transport's handler -------------------------------------------------------------
+    def destination(self, src, h):
+        kind, i = h.kind, h.key
+        if kind in (F.GRAD, F.PARAM, F.INIT) and not 0 <= i < self.n_blobs:
+            raise F.FrameError(f"{F.KIND_NAMES[kind]} for blob {i}; the net has {self.n_blobs}")
+        if kind == F.GRAD:
+            with self.cv:
+                v = self.server_version if self.server.is_alive() else None
+            if v is not None and not v <= h.clock <= v + self.staleness:
+                raise F.FrameError(f"gradient of clock {h.clock} while this shard is at version {v}")
+            return self.gbuf[h.clock % self.n_slots][src][i]
+        if kind == F.PARAM:
+            lo, hi = self.bounds[i][src]
+            return self.layout.slice(self.W, i)[lo:hi]
+        if kind == F.INIT:
+            if self.rank == 0 or src != 0:
+                raise F.FrameError("INIT frames come only from node 0 to the others")
+            return self.layout.slice(self.W, i)
+        if kind == F.HIST:
+            h_i, i = divmod(h.key, self.n_blobs)
+            if not 0 <= h_i < len(self.solver.history):
+                raise F.FrameError(f"HIST key {h.key} out of range")
+            if self.rank == 0:  # a shard's answer to HIST_REQ: into the solver's history
+                lo, hi = self.bounds[i][src]
+                return self.solver.history[h_i][i].reshape(-1)[lo:hi]
+            return self.shard_solver.history[h_i][i].reshape(-1)
+        if kind == F.NORM:
+            return self.nbuf[h.clock % self.n_slots][src]
+        if kind in self.extra_handlers:
+            return self.extra_handlers[kind].destination(src, h)
+        return None
+
+    def arrived(self, src, h, array):
+        kind = h.kind
+        if kind in self.extra_handlers:
+            return self.extra_handlers[kind].arrived(src, h, array)
+        with self.cv:
+            if kind == F.GRAD:
+                self._count_gradient(h.clock, h.key)
+            elif kind == F.PARAM:
+                self.versions[h.key, src] = h.clock
+                if h.clock - self.iter0 <= self.timeline_clocks:
+                    self.timeline.append(("recv", self._now(), self._now(), f"param {self.blob_names[h.key]}"))
+            elif kind == F.INIT and self.init_pending is not None:
+                self.init_pending["init"] -= 1
+            elif kind == F.HIST:
+                if self.rank == 0:
+                    self.hist_pending -= 1
+                elif self.init_pending is not None and self.init_pending["hist"] is not None:
+                    self.init_pending["hist"] -= 1
+            elif kind == F.NORM:
+                self.norm_arrivals[h.clock] = self.norm_arrivals.get(h.clock, 0) + 1
+            self.cv.notify_all()
+
+    def control(self, src, h, payload):
+        if h.kind in self.extra_handlers:
+            return self.extra_handlers[h.kind].control(src, h, payload)
+        with self.cv:
+            if h.kind == F.STATE and self.init_pending is not None:
+                state = F.decode_json(payload, f"node {src}")
+                self.init_pending["state"] = state
+                if state.get("resume"):
+                    self.init_pending["hist"] = sum(
+                        len(self.solver.history) for i in range(self.n_blobs) if np.diff(self.bounds[i][self.rank])[0]
+                    )
+            elif h.kind == F.HIST_REQ:
+                self.hist_requests.add(h.clock)
+            elif h.kind == F.STOP:
+                self.stop_at = h.clock
+            elif h.kind == F.ABORT:
+                reason = bytes(payload).decode(errors="replace")
+                self._set_error(f"node {src} stopped the run: {reason}")
+            else:
+                raise F.FrameError(f"unexpected {F.KIND_NAMES[h.kind]} frame", f"node {src}")
+            self.cv.notify_all()
+
+    def failed(self, message):
+        with self.cv:
+            first = self.error is None
+            self._set_error(message)
+        if first:  # tell the others why (they may not have seen it themselves)
+            for dst in range(self.world):
+                if dst != self.rank:
+                    try:
+                        self.transport.send(dst, F.ABORT, 0, self.clock, payload=message.encode())
+                    except Exception:  # noqa: BLE001  (best effort)
+                        pass
+
+    def _set_error(self, message):
+        if self.error is None:
+            self.error = message
+        self.cv.notify_all()
+
+    def _raise_if_failed(self):
+        if self.error is not None:
+            raise DistError(f"node {self.rank}: {self.error} (at iteration {self.solver.iter})")
+
+    def _now(self):
+        return time.perf_counter() - self.t_origin
+
+    # -- the server shard ----------------------------------------------------------------------
+    def _count_gradient(self, clock, i):
+        key = (clock, i)
+        n = self.arrivals.get(key, 0) + 1
+        self.arrivals[key] = n
+        if n == self.world:
+            del self.arrivals[key]
+            self.ready.append(key)
+            self.cv.notify_all()
+
+    def _serve(self):
+        """The shard's server thread: reduce and update each (clock, blob) whose slices are all here."""
+        try:
+            while True:
+                with self.cv:
+                    while not self.ready and not self._stop_server and self.error is None:
+                        self.cv.wait(0.5)
+                    if self.error is not None or (self._stop_server and not self.ready):
+                        return
+                    batch = list(self.ready)
+                    self.ready.clear()
+                for clock, i in batch:
+                    if self.clip >= 0:
+                        self._serve_clipped(clock, i)
+                    else:
+                        self._update(clock, [i])
+        except Exception as exc:  # noqa: BLE001  (stops the run with the reason)
+            self.failed(f"the server shard on node {self.rank} failed: {type(exc).__name__}: {exc}")
+
+    def _reduce(self, clock, i):
+        slot = clock % self.n_slots
+        lo, hi = self.bounds[i][self.rank]
+        d = self.shard_net.learnable_params[i].flat_diff
+        for src in range(self.world):
+            part = self.G[slot][self.layout.offsets[i] + lo : self.layout.offsets[i] + hi] if src == self.rank else None
+            part = part if part is not None else self.gbuf[slot][src][i]
+            if src == 0:
+                d[...] = part
+            else:
+                d += part
+
+    def _serve_clipped(self, clock, i):
+        """clip_gradients: the update of a clock needs the global norm, so wait for every blob."""
+        self._reduce(clock, i)
+        done = self.applied.setdefault(("reduced", clock), set())
+        done.add(i)
+        if len(done) < self.n_blobs:
+            return
+        del self.applied[("reduced", clock)]
+        slot = clock % self.n_slots
+        mine = sum(float(np.dot(p.flat_diff, p.flat_diff)) for p in self.shard_net.learnable_params)
+        self.nbuf[slot][self.rank][0] = mine
+        for dst in range(self.world):
+            if dst != self.rank:
+                self.transport.send(dst, F.NORM, 0, clock, self.nbuf[slot][self.rank])
+        with self.cv:
+            while self.norm_arrivals.get(clock, 0) < self.world - 1 and self.error is None:
+                self.cv.wait(0.5)
+            if self.error is not None:
+                return
+            self.norm_arrivals.pop(clock, None)
+        norm = float(np.sqrt(sum(float(self.nbuf[slot][s][0]) for s in range(self.world))))
+        if norm > self.clip:
+            scale = self.clip / norm
+            for p in self.shard_net.learnable_params:
+                p.flat_diff[...] *= scale
+            if self.rank == 0:
+                self.log(
+                    f"Gradient clipping: scaling down gradients (L2 norm {norm:.6g} > {self.clip:g}) by {scale:.6g}"
+                )
+        self._update(clock, range(self.n_blobs), reduced=True)
+
+    def _update(self, clock, blobs, reduced=False):
+        ss = self.shard_solver
+        t0 = self._now()
+        if ss.iter != clock:
+            ss.iter = clock
+            self._rate = ss.learning_rate()
+        elif not hasattr(self, "_rate"):
+            self._rate = ss.learning_rate()
+        for i in blobs:
+            if not reduced:
+                self._reduce(clock, i)
+            lo, hi = self.bounds[i][self.rank]
+            if hi > lo:
+                ss.update_parameter(i, self._rate)
+            fresh = self.shard_net.learnable_params[i].flat_data
+            for dst in range(self.world):
+                if dst != self.rank and hi > lo:
+                    self.transport.send(dst, F.PARAM, i, clock + 1, fresh)
+            with self.cv:
+                self.layout.slice(self.W, i)[lo:hi] = fresh
+                self.versions[i, self.rank] = max(self.versions[i, self.rank], clock + 1)
+                done = self.applied.setdefault(clock, set())
+                done.add(i)
+                complete = len(done) == self.n_blobs
+                if complete:
+                    del self.applied[clock]
+                    self.server_version = clock + 1
+                self.cv.notify_all()
+            if complete and (clock + 1) in self.hist_requests:
+                self.hist_requests.discard(clock + 1)
+                self._send_history(clock + 1)
+        if clock - self.iter0 < self.timeline_clocks:
+            self.timeline.append(("server", t0, self._now(), f"update {len(list(blobs))} blob(s)"))
+
+    def _send_history(self, version):
+        ss = self.shard_solver
+        for h, hist in enumerate(ss.history):
+            for i in range(self.n_blobs):
+                lo, hi = self.bounds[i][self.rank]
+                if hi <= lo:
+                    continue
+                if self.rank == 0:
+                    self.solver.history[h][i].reshape(-1)[lo:hi] = hist[i].reshape(-1)
+                else:
+                    self.transport.send(0, F.HIST, h * self.n_blobs + i, version, hist[i].reshape(-1))
+
+    # -- the worker side: gradients and the extension point -------------------------------------
+    def grad(self, i, clock=None):
+        slot = (self.clock if clock is None else clock) % self.n_slots
+        return self.layout.slice(self.G[slot], i)
+
+    def params(self, i):
+        return self.layout.slice(self.W, i)
+
+    def push(self, i, clock=None):
+        """Sync blob i's gradient of ``clock`` now: scale it by this node's share, send every
+        shard its slice (queued; returns at once) and count our own slice at our shard."""
+        clock = self.clock if clock is None else clock
+        g = self.grad(i, clock)
+        g *= self.scale
+        t = self._now()
+        for s in range(self.world):
+            lo, hi = self.bounds[i][s]
+            if hi == lo:
+                with self.cv:
+                    if s == self.rank:
+                        self._count_gradient(clock, i)
+                continue
+            if s == self.rank:
+                with self.cv:
+                    self._count_gradient(clock, i)
+            else:
+                self.transport.send(s, F.GRAD, i, clock, g[lo:hi])
+        if clock - self.iter0 < self.timeline_clocks:
+            self.timeline.append(("compute", t, self._now(), f"push {self.blob_names[i]}"))
+
+    def wait_params(self, i, version):
+        """Block until every slice of blob i has at least ``version``."""
+        t0 = time.perf_counter()
+        with self.cv:
+            while self.error is None and self.versions[i].min() < version:
+                if self.stop_at is not None and version > self.stop_at:
+                    break  # node 0 stopped the run (Ctrl-C) before this version
+                self.cv.wait(0.5)
+            self._raise_if_failed()
+        self.wait_time[i] += time.perf_counter() - t0
+
+    # -- what the Solver calls -------------------------------------------------------------
+    def gradient_source(self):
+        """Stands in for ``net.forward_backward()``: this node's slice of the global batch."""
+        self._raise_if_failed()
+        t0 = time.perf_counter()
+        if self.calls % self.iter_size == 0:  # a new clock: zero its gradient slot
+            self.clock = self.solver.iter
+            slot = self.clock % self.n_slots
+            if self.n_workers == 1 and self.n_slots > 1:
+                self.replicas[0][1].attach_diff(self.G[slot])
+            else:
+                self.G[slot][...] = 0
+        self.calls += 1
+        batch = {layer.name: layer.prefetcher.next() for _, layer in self.data_layers}
+        losses = [0.0] * self.n_workers
+
+        def work(k):
+            net, _ = self.replicas[k]
+            for _, layer in self.data_layers:
+                lo, hi = self.worker_bounds[layer.name][k]
+                blobs = [net.blobs[t] for t in layer.param.top]
+                for blob, arr in zip(blobs, batch[layer.name]):
+                    if arr is not None:
+                        blob.data[...] = arr[lo:hi].reshape(blob.shape)
+            if self.Gk is not None:
+                self.Gk[k][...] = 0
+            losses[k] = net.forward_backward()
+
+        if self.n_workers == 1:
+            work(0)
+        else:
+            threads = [threading.Thread(target=work, args=(k,)) for k in range(self.n_workers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            G = self.G[self.clock % self.n_slots]
+            G += (np.array(self.worker_weights, self.dtype) / self.scale) @ self.Gk
+        self.compute_time += time.perf_counter() - t0
+        if self.clock - self.iter0 < self.timeline_clocks:
+            self.timeline.append(("compute", t0 - self.t_origin, self._now(), "forward+backward"))
+        w = np.array(self.worker_weights) / self.scale
+        return float(np.dot(w, losses))
+
+    def sync(self):
+        """The default schedule: push every blob (last layer first), then wait for the versions
+        this node may compute the next clock with."""
+        t0 = time.perf_counter()
+        c = self.clock
+        solver, p = self.solver, self.solver.param
+        nxt = c + 1
+        exact = (
+            (p.snapshot and nxt % p.snapshot == 0)
+            or (p.test_interval and nxt % p.test_interval == 0)
+            or nxt >= p.max_iter
+            or solver.requested_stop
+            or (self.stop_at is not None and nxt >= self.stop_at)
+        )
+        if self.rank == 0 and solver.requested_stop and self.stop_at is None:
+            self.stop_at = nxt
+            for dst in range(1, self.world):
+                self.transport.send(dst, F.STOP, 0, nxt)
+        want_hist = self.rank == 0 and (
+            (p.snapshot and nxt % p.snapshot == 0)
+            or (nxt >= p.max_iter and p.snapshot_after_train)
+            or (self.stop_at is not None and nxt >= self.stop_at)
+        )
+        if want_hist:
+            with self.cv:
+                self.hist_pending += sum(
+                    len(solver.history)
+                    for s in range(1, self.world)
+                    for i in range(self.n_blobs)
+                    if self.bounds[i][s][1] > self.bounds[i][s][0]
+                )
+                self.hist_requests.add(nxt)
+            for dst in range(1, self.world):
+                self.transport.send(dst, F.HIST_REQ, 0, nxt)
+        for i in reversed(range(self.n_blobs)):
+            self.push(i, c)
+        version = nxt if exact else nxt - self.staleness
+        for i in range(self.n_blobs):
+            self.wait_params(i, version)
+        if want_hist:
+            with self.cv:
+                while self.error is None and (self.hist_pending > 0 or nxt in self.hist_requests):
+                    self.cv.wait(0.5)
+                self._raise_if_failed()
+        if self.stop_at is not None and nxt >= self.stop_at:
+            solver.requested_stop = True
+        self.sync_time += time.perf_counter() - t0
+        if c - self.iter0 < self.timeline_clocks:
+            self.timeline.append(("compute", t0 - self.t_origin, self._now(), "wait for parameters"))
+
+    def updater(self, solver, rate):
+        """The Solver's update step, done by the shards (the Solver computed ``rate`` itself;
+        each shard computes the same from the same policy and iteration)."""
+        self.sync()
+
+    # -- the end -------------------------------------------------------------------------------
+    def finish(self):
+        """Let the server thread drain, say goodbye; -> every node's statistics (on rank 0)."""
+        with self.cv:
+            self._stop_server = True
+            self.cv.notify_all()
+        self.server.join(30)
+        mine = self.report()
+        if self.error is not None:
+            self.transport.shutdown()
+            return {self.rank: mine}
+        others = self.transport.close(stats=mine)
+        out = {self.rank: mine}
+        out.update({int(r): s for r, s in others.items()})
+        return out
+
+    def abort(self):
+        self.transport.shutdown()
+
+    def report(self):
+        """Per-layer bytes and waiting, compute vs sync time: for the log and train_log.json."""
+        clocks = max(self.solver.iter - (self.iter0 or 0), 1)
+        per = self.transport.stats.by_key()
+        sent, received = self.transport.stats.totals()
+        layers = {
+            self.blob_names[i]: {
+                "sent": per.get(i, [0, 0])[0],
+                "received": per.get(i, [0, 0])[1],
+                "wait_s": float(self.wait_time[i]),
+            }
+            for i in range(self.n_blobs)
+        }
+        return {
+            "rank": self.rank,
+            "iterations": clocks,
+            "bytes_sent": sent,
+            "bytes_received": received,
+            "bytes_per_iter": (sent + received) / clocks,
+            "compute_s": self.compute_time,
+            "sync_s": self.sync_time,
+            "wait_s": float(self.wait_time.sum()),
+            "layers": layers,
+            "timeline": self.timeline[:2000],
+        }

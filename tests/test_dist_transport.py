@@ -1,0 +1,296 @@
+"""The socket transport on loopback: the frame layout byte by byte, every malformed header refused
+before anything is allocated, the HMAC handshake both ways, a known-answer exchange over a
+3-node mesh, and a listener that turns away strangers while the mesh keeps working."""
+
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from minicaffe.dist import frames as F
+from minicaffe.dist.sockets import Connection, SocketTransport, listen
+from minicaffe.dist.transport import DistError, TokenBucket, client_auth, parse_delay, parse_rate, server_auth
+
+SECRET = b"test-secret"
+
+
+def header(magic=b"MCDF", version=1, kind=F.GRAD, key=3, sender=1, dcode=1, ndim=1, clock=7, dims=(5, 0, 0, 0), n=20):
+    return F.HEADER.pack(magic, version, kind, key, sender, dcode, ndim, clock, *dims, n)
+
+
+def test_header_layout_known_answer():
+    h = F.pack_header(F.GRAD, key=3, sender=1, dtype=np.float32, shape=(5,), clock=7)
+    assert len(h) == F.HEADER_SIZE == 48
+    expected = (
+        b"MCDF"
+        + struct.pack("<H", 1)  # version
+        + struct.pack("<H", 6)  # kind GRAD
+        + struct.pack("<I", 3)  # key
+        + struct.pack("<H", 1)  # sender
+        + bytes([1, 1])  # dtype float32, ndim 1
+        + struct.pack("<q", 7)  # clock
+        + struct.pack("<4I", 5, 0, 0, 0)  # shape
+        + struct.pack("<Q", 20)  # nbytes = 5 * 4
+    )
+    assert h == expected
+    parsed = F.parse_header(h, limit=1024)
+    assert (parsed.kind, parsed.key, parsed.sender, parsed.dtype, parsed.shape, parsed.clock, parsed.nbytes) == (
+        F.GRAD,
+        3,
+        1,
+        np.float32,
+        (5,),
+        7,
+        20,
+    )
+
+
+@pytest.mark.parametrize(
+    "fields, reason",
+    [
+        (dict(magic=b"HTTP"), "bad magic"),
+        (dict(version=2), "protocol version 2"),
+        (dict(kind=99), "unknown message kind 99"),
+        (dict(dcode=9), "unknown dtype code 9"),
+        (dict(ndim=5), "ndim 5"),
+        (dict(dims=(5, 2, 0, 0)), "beyond ndim"),
+        (dict(n=24), "does not match"),  # too long
+        (dict(n=16), "does not match"),  # too short
+        (dict(n=2**63), "does not match"),
+        (dict(dims=(1 << 30, 0, 0, 0), n=4 << 30), "over this receiver's limit"),
+    ],
+)
+def test_malformed_headers_are_refused_before_any_payload(fields, reason):
+    with pytest.raises(F.FrameError, match=reason):
+        F.parse_header(header(**fields), limit=1 << 20, peer="x")
+
+
+def test_expectation_checks_dtype_and_shape():
+    h = F.parse_header(header(), limit=1024)
+    F.check_expected(h, F.GRAD, np.float32, (5,))
+    with pytest.raises(F.FrameError, match="shape"):
+        F.check_expected(h, F.GRAD, np.float32, (6,))
+    with pytest.raises(F.FrameError, match="dtype"):
+        F.check_expected(h, F.GRAD, np.float64, (5,))
+    with pytest.raises(F.FrameError, match="PARAM was expected"):
+        F.check_expected(h, F.PARAM, np.float32, (5,))
+
+
+def test_tensor_goes_into_the_preallocated_buffer():
+    a, b = socket.socketpair()
+    try:
+        tx, rx = Connection(a, "a", 1 << 20), Connection(b, "b", 1 << 20)
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        tx.send(F.PARAM, key=2, clock=9, array=x)
+        dest = np.zeros((3, 4), np.float32)
+        before = dest.__array_interface__["data"][0]
+        h = rx.read_header()
+        F.check_expected(h, F.PARAM, dest.dtype, dest.shape)
+        rx.read_into(h, dest)
+        np.testing.assert_array_equal(dest, x)
+        assert dest.__array_interface__["data"][0] == before  # the same memory, no new array
+    finally:
+        a.close()
+        b.close()
+
+
+def test_truncated_payload_is_a_closed_peer():
+    a, b = socket.socketpair()
+    rx = Connection(b, "b", 1 << 20)
+    a.sendall(header() + b"\0" * 8)  # 8 of the 20 bytes announced
+    a.close()
+    h = rx.read_header()
+    with pytest.raises(F.PeerClosed, match="8 of 20"):
+        rx.read_into(h, np.zeros(5, np.float32))
+    b.close()
+
+
+def _auth_pair(server_secret, client_secret):
+    a, b = socket.socketpair()
+    a.settimeout(5)
+    b.settimeout(5)
+    errors = {}
+
+    def serve():
+        try:
+            server_auth(Connection(a, "client", F.MAX_CONTROL), server_secret, "client")
+        except Exception as exc:  # noqa: BLE001
+            errors["server"] = exc
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        client_auth(Connection(b, "server", F.MAX_CONTROL), client_secret, "server")
+    except Exception as exc:  # noqa: BLE001
+        errors["client"] = exc
+    t.join()
+    a.close()
+    b.close()
+    return errors
+
+
+def test_hmac_challenge_response():
+    assert _auth_pair(SECRET, SECRET) == {}
+    errors = _auth_pair(SECRET, b"guess")
+    assert "wrong secret" in str(errors["server"])
+    assert isinstance(errors["client"], DistError) and "refused" in str(errors["client"])
+
+
+def make_mesh(world, secret=SECRET, configs=None, logs=None, **kwargs):
+    """``world`` SocketTransports on loopback, formed in threads; -> list (or raises the first error)."""
+    logs = logs if logs is not None else [[] for _ in range(world)]
+    configs = configs or [{"net": "n1"}] * world
+    t0 = SocketTransport(0, world, "127.0.0.1:0", secret, configs[0], 1 << 20, log=logs[0].append, **kwargs)
+    rdv = f"127.0.0.1:{t0.address[1]}"
+    ts, errors = [t0], {}
+    for r in range(1, world):
+        ts.append(SocketTransport(r, world, rdv, secret, configs[r], 1 << 20, log=logs[r].append, **kwargs))
+
+    def form(r):
+        try:
+            ts[r].form()
+        except Exception as exc:  # noqa: BLE001
+            errors[r] = exc
+
+    threads = [threading.Thread(target=form, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        for t in ts:
+            t.shutdown()
+        raise errors[min(errors)]
+    return ts
+
+
+class Collect:
+    """A handler that receives one float64 vector per peer."""
+
+    def __init__(self, world, n):
+        self.buf = {r: np.zeros(n) for r in range(world)}
+        self.got, self.failures = {}, []
+        self.cv = threading.Condition()
+
+    def destination(self, src, h):
+        return self.buf[src] if h.kind == F.GRAD else None
+
+    def arrived(self, src, h, array):
+        with self.cv:
+            self.got[src] = array.copy()
+            self.cv.notify_all()
+
+    def control(self, src, h, payload):
+        pass
+
+    def failed(self, message):
+        self.failures.append(message)
+
+    def wait(self, n, timeout=10):
+        with self.cv:
+            self.cv.wait_for(lambda: len(self.got) >= n, timeout)
+
+
+def test_known_answer_exchange_over_a_three_node_mesh():
+    world = 3
+    ts = make_mesh(world)
+    handlers = [Collect(world, 4) for _ in range(world)]
+    for t, h in zip(ts, handlers):
+        t.start(h)
+    for r, t in enumerate(ts):
+        for q in range(world):
+            if q != r:
+                t.send(q, F.GRAD, 0, 0, np.full(4, r + 1.0))
+    for r, h in enumerate(handlers):
+        h.wait(world - 1)
+        total = (r + 1.0) + sum(v[0] for v in h.got.values())
+        assert total == sum(range(1, world + 1))  # node r holds every other node's r+1
+    byes = [None] * world
+    threads = [threading.Thread(target=lambda r=r: byes.__setitem__(r, ts[r].close({"rank": r}))) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert byes[0] == {1: {"rank": 1}, 2: {"rank": 2}}
+    assert all(not h.failures for h in handlers)
+    assert ts[1].stats.sent[("GRAD", 0)] == 2 * (48 + 4 * 8)  # two frames: header + 4 float64
+    assert ts[1].stats.received[("GRAD", 0)] == 2 * (48 + 4 * 8)
+
+
+def test_mismatched_config_is_refused_on_both_sides():
+    with pytest.raises(DistError, match="differs") as info:
+        make_mesh(2, configs=[{"net": "aaa"}, {"net": "bbb"}])
+    assert "same net" in str(info.value)
+
+
+def test_wrong_world_size_and_port_in_use():
+    t0 = SocketTransport(0, 2, "127.0.0.1:0", SECRET, {}, 1 << 20, log=lambda m: None)
+    try:
+        with pytest.raises(DistError, match="already in use"):
+            SocketTransport(0, 2, f"127.0.0.1:{t0.address[1]}", SECRET, {}, 1 << 20, log=lambda m: None)
+    finally:
+        t0.shutdown()
+
+
+def test_unreachable_rendezvous_is_one_clear_error():
+    s = listen("127.0.0.1", 0)
+    port = s.getsockname()[1]
+    s.close()  # nobody listens there now
+    t1 = SocketTransport(1, 2, f"127.0.0.1:{port}", SECRET, {}, 1 << 20, log=lambda m: None, connect_timeout=0.5)
+    with pytest.raises(DistError, match="cannot reach the rendezvous"):
+        t1.form()
+
+
+def test_listener_refuses_strangers_while_the_mesh_runs():
+    logs = [[], []]
+    ts = make_mesh(2, logs=logs, handshake_timeout=0.5)
+    handlers = [Collect(2, 3) for _ in range(2)]
+    for t, h in zip(ts, handlers):
+        t.start(h)
+    host, port = ts[1].address
+    # a port scan: connect, close
+    socket.create_connection((host, port)).close()
+    # a silent client
+    silent = socket.create_connection((host, port))
+    # a wrong secret
+    bad = socket.create_connection((host, port))
+    bad.settimeout(5)
+    with pytest.raises(DistError, match="refused"):
+        client_auth(Connection(bad, "node 1", F.MAX_CONTROL), b"not the secret", "node 1")
+    # garbage instead of AUTH
+    junk = socket.create_connection((host, port))
+    junk.sendall(b"GET / HTTP/1.1\r\n" * 4)
+    deadline = time.monotonic() + 5
+    while len(ts[1].refusals) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    reasons = " | ".join(r for _, r in ts[1].refusals)
+    assert "wrong secret" in reasons and "sent nothing" in reasons and "bad magic" in reasons
+    assert "closed during the handshake" in reasons
+    assert any("refused a connection" in line for line in logs[1])
+    for s in (silent, bad, junk):
+        s.close()
+    # the mesh still works
+    ts[0].send(1, F.GRAD, 0, 0, np.array([1.0, 2.0, 3.0]))
+    handlers[1].wait(1)
+    np.testing.assert_array_equal(handlers[1].got[0], [1, 2, 3])
+    assert not handlers[0].failures and not handlers[1].failures
+    for t in ts:
+        t.shutdown()
+
+
+def test_rates_and_the_token_bucket():
+    assert parse_rate("1gbit") == 1e9 / 8
+    assert parse_rate("10Gbit") == 10e9 / 8
+    assert parse_rate("100mbit") == 100e6 / 8
+    assert parse_delay("0.1ms") == pytest.approx(1e-4)
+    with pytest.raises(DistError, match="cannot read the rate"):
+        parse_rate("fast")
+    bucket = TokenBucket(10e6, burst=10e3)  # 10 MB/s
+    t0 = time.perf_counter()
+    for _ in range(20):
+        bucket.take(100_000)  # 2 MB
+    elapsed = time.perf_counter() - t0
+    assert 0.15 < elapsed < 0.5, elapsed
