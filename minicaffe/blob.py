@@ -188,6 +188,22 @@ class Blob:
         self._diff_buf = other._diff_buf
         self._diff_view = None
 
+    @property
+    def data_storage(self):
+        """The flat array that holds the data (its capacity, not just ``count`` elements): the
+        memory planner groups blobs by it; ``attach`` and ``share_data`` change it."""
+        return self._data_buf
+
+    @property
+    def diff_storage(self):
+        """The flat array that holds the diff (see data_storage)."""
+        return self._diff_buf
+
+    @property
+    def nbytes(self):
+        """Bytes of both storages (data and diff, at capacity)."""
+        return self._data_buf.nbytes + self._diff_buf.nbytes
+
     def shares_data_with(self, other):
         return self._data_buf is other._data_buf
 

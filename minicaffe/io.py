@@ -50,7 +50,7 @@ def atomic_write(path, write):
 def net_arrays(net):
     """{'layer/i': host array} for every parameter blob of ``net`` (shared blobs once per layer)."""
     out = {}
-    for name, layer in zip(net._layer_names, net.layers):
+    for name, layer in zip(net.layer_names, net.layers):
         for i, blob in enumerate(layer.blobs):
             out[f"{name}/{i}"] = np.asarray(net.backend.to_host(blob.data))
     return out
@@ -70,7 +70,7 @@ def encode_caffemodel(net):
     from . import proto
 
     msg = proto.Message("NetParameter", name=net.name)
-    for name, layer in zip(net._layer_names, net.layers):
+    for name, layer in zip(net.layer_names, net.layers):
         lp = msg.add("layer", name=name, type=layer.type)
         for blob in layer.blobs:
             bp = lp.add("blobs")

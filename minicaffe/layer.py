@@ -17,7 +17,24 @@ string) and is registered with ``@register``; it declares its arity with the cla
 
 A layer never branches on the device: array work goes through ``self.xp`` (numpy or CuPy) and
 kernels through ``self.backend`` (a module of flat functions, see minicaffe.backend).
+
+What the memory planner (minicaffe.memory) needs, each layer declares:
+
+- ``backward_reads``: whose *data* its backward reads: ``"bottom"``, ``"top"``, ``"both"`` (the
+  default, always safe) or ``"none"``.  InnerProduct reads only its bottom (dW = dy x^T), MAX
+  pooling neither (it keeps an argmax mask).  What backward does not read may be overwritten at
+  the turn from forward to backward.
+- ``scratch()``: the work arrays it keeps between calls, as :class:`Scratch` records
+  ``(name, array, attach, span)``: ``array`` the flat array now, ``attach(flat)`` makes ``flat``
+  its storage, ``span`` ``"call"`` (written and read inside one forward or one backward) or
+  ``"layer"`` (kept from forward for backward).  None by default.
+- ``recompute``: set True to ask a layer to recompute in backward what it would otherwise keep
+  from forward (Convolution: im2col's columns), so its scratch spans one call only.
+
+The poison test (tests/test_memory.py) checks these declarations on every net of nets/.
 """
+
+from collections import namedtuple
 
 import numpy as np
 
@@ -25,6 +42,9 @@ from .blob import Blob
 from .errors import LayerError, did_you_mean
 
 LAYERS = {}
+
+#: a work array a layer keeps between calls (see the module docstring, ``Layer.scratch``)
+Scratch = namedtuple("Scratch", "name array attach span")
 
 
 def register(cls):
@@ -62,6 +82,10 @@ class Layer:
     is_loss = False
     #: Caffe's AutoTopBlobs: the Net creates anonymous tops up to ``min_top`` if the prototxt names fewer
     auto_top_blobs = False
+    #: whose data backward reads: "bottom", "top", "both" (safe) or "none" (the memory planner)
+    backward_reads = "both"
+    #: recompute in backward what would otherwise be kept from forward (less memory)
+    recompute = False
 
     def __init__(self, param, backend=None, dtype=np.float32, phase="TRAIN"):
         if backend is None:
@@ -118,6 +142,10 @@ class Layer:
 
     def backward(self, top, propagate_down, bottom):
         """Default: a layer with nothing to propagate (data layers, Silence, Accuracy)."""
+
+    def scratch(self):
+        """[Scratch(name, flat array, attach(flat), span)] for the work arrays kept between calls."""
+        return []
 
     # -- loss ----------------------------------------------------------------------------------
     def set_loss_weights(self, top):

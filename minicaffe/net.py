@@ -17,6 +17,16 @@ Building a net, in Caffe's order:
 
 The result is run forward (``forward``), backward (``backward``), or both (``forward_backward``);
 each layer's ``forward`` is preceded by its ``reshape``, so inputs may change shape between calls.
+
+Where runtimes and tools join a net (declared, never patched):
+
+- public vectors, as Caffe's ``bottom_vecs()`` / ``top_vecs()``: ``net.bottom_vecs[l]`` and
+  ``net.top_vecs[l]`` (layer l's bottom and top Blobs), ``net.layer_names``, ``net.blob_names``;
+  ``net.param_layer_indices[i]`` (the layer that owns learnable parameter i: its gradient is
+  complete once that layer's backward has run) and ``net.layer_param_indices[l]`` (the reverse);
+- per-layer hooks, ``handle = net.add_hooks(before_forward=f, after_backward=g, ...)``: each
+  hook is called with a layer index; ``handle.remove()`` takes them out again.  With no hook
+  registered the loops run exactly as without them.
 """
 
 import os
@@ -30,6 +40,8 @@ from .errors import LayerError, MinicaffeError, NetError, did_you_mean
 from .layer import create_layer
 
 TRAIN, TEST = "TRAIN", "TEST"
+#: the per-layer hook points of ``Net.add_hooks``
+HOOK_KINDS = ("before_forward", "after_forward", "before_backward", "after_backward")
 _PHASES = {0: TRAIN, 1: TEST, "TRAIN": TRAIN, "TEST": TEST, "train": TRAIN, "test": TEST}
 
 
@@ -190,123 +202,139 @@ class Net:
         self.source = os.fspath(network) if isinstance(network, (str, os.PathLike)) else "<message>"
         stages = tuple(stages or ()) + tuple(self.param.state.stage)
         level = level or self.param.state.level
+        self._hooks = {kind: [] for kind in HOOK_KINDS}
+        self._forward_hooked = self._backward_hooked = False
         self._build(level, stages)
-        self.backward_hooks = []  # callables(layer_index): "this layer's parameter gradients are ready"
         if weights is not None:
             self.copy_from(weights)
 
-    # -- construction ------------------------------------------------------------------------------
+    # -- construction: Caffe's Net::Init, one named step each ----------------------------------
     def _build(self, level, stages):
         layer_params = _input_layer(self.param) + filter_layers(self.param.layer, self.phase, level, stages)
         layer_params = insert_splits(layer_params)
-        self.layers, self._layer_names = [], []
-        self.bottom_ids, self.top_ids = [], []  # per layer: indices into self._blob_list
-        self._blob_list, self._blob_names, self._blob_index = [], [], {}
+        self._start_build()
+        for lp in layer_params:
+            self._add_layer(lp)
+        self._prune_backward()
+        self._index()
+
+    def _start_build(self):
+        self.layers, self.layer_names = [], []
+        self.bottom_ids, self.top_ids = [], []  # per layer: indices into self.blob_list
+        self.blob_list, self.blob_names, self._blob_index = [], [], {}
         self.blobs = OrderedDict()
         self.blob_loss_weights = OrderedDict()
-        available = OrderedDict()  # blob name -> index, produced and not consumed
-        blob_need_backward = []
+        self._available = OrderedDict()  # blob name -> index, produced and not consumed
+        self._blob_need_backward = []
         self.layer_need_backward, self.bottom_need_backward = [], []
         self.params_owner = []  # flat list over (layer, param index)
         self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
+        self.param_layer_indices = []  # learnable param i -> the index of the layer that owns it
         self._param_by_name = {}  # param { name } -> index into learnable_params
         self._owner_lr_set = []  # did the owner's prototxt give lr_mult explicitly?
         self.inputs = []
         self.duplicate_layer_names = []
-        seen_names = set()
 
-        for lp in layer_params:
-            if lp.name in seen_names:
-                # Caffe allows it (examples/mnist/mnist_autoencoder.prototxt has two "loss" layers);
-                # by-name lookups (layer_dict, params, weight files) then see the last one, as in pycaffe.
-                self.duplicate_layer_names.append(lp.name)
-            seen_names.add(lp.name)
-            layer = create_layer(lp, self.backend, self.dtype, self.phase)
-            bottoms, bids = [], []
-            need_bw = False
-            for b in lp.bottom:
-                if b not in self.blobs:
-                    known = list(self.blobs)
-                    raise LayerError(
-                        lp.name,
-                        lp.type,
-                        f"bottom blob '{b}' is not produced by any earlier layer."
-                        + (did_you_mean(b, known, "blobs so far") if known else " No blob exists yet."),
-                    )
-                idx = self._blob_index[b]
-                bids.append(idx)
-                bottoms.append(self._blob_list[idx])
-                available.pop(b, None)
-            tops, tids = [], []
-            top_names = list(lp.top)
-            if layer.auto_top_blobs and len(top_names) < layer.min_top:
-                top_names += [f"(automatic){lp.name}_{k}" for k in range(len(top_names), layer.min_top)]
-            for j, t in enumerate(top_names):
-                if j < len(lp.bottom) and lp.bottom[j] == t:  # in place
-                    idx = bids[j]
-                elif t in self.blobs:
-                    if t in lp.bottom:
-                        raise LayerError(
-                            lp.name,
-                            lp.type,
-                            f"top '{t}' is bottom {list(lp.bottom).index(t)} but top {j}: "
-                            f"in-place computation needs the same position",
-                        )
-                    raise LayerError(
-                        lp.name,
-                        lp.type,
-                        f"top blob '{t}' is produced by an earlier layer too; "
-                        f"a blob name may be produced once (or in place)",
-                    )
-                else:
-                    idx = len(self._blob_list)
-                    blob = Blob((), dtype=self.dtype, xp=self.xp, name=t)
-                    self._blob_list.append(blob)
-                    self._blob_names.append(t)
-                    self._blob_index[t] = idx
-                    self.blobs[t] = blob
-                    blob_need_backward.append(False)
-                    if lp.type == "Input":
-                        self.inputs.append(t)
-                tids.append(idx)
-                tops.append(self._blob_list[idx])
-                available[t] = idx
-            try:
-                layer.setup(bottoms, tops)
-            except MinicaffeError:
-                raise
-            except Exception as exc:  # a layer bug or a shape numpy rejected: name the layer
-                shapes = ", ".join(str(b.shape) for b in bottoms)
+    def _add_layer(self, lp):
+        """Create one layer, connect it to the blobs so far, set it up, register its parameters."""
+        if lp.name in self.layer_names:
+            # Caffe allows it (examples/mnist/mnist_autoencoder.prototxt has two "loss" layers);
+            # by-name lookups (layer_dict, params, weight files) then see the last one, as in pycaffe.
+            self.duplicate_layer_names.append(lp.name)
+        layer = create_layer(lp, self.backend, self.dtype, self.phase)
+        bids = self._connect_bottoms(lp)
+        top_names = list(lp.top)
+        if layer.auto_top_blobs and len(top_names) < layer.min_top:
+            top_names += [f"(automatic){lp.name}_{k}" for k in range(len(top_names), layer.min_top)]
+        tids = self._connect_tops(lp, top_names, bids)
+        bottoms = [self.blob_list[i] for i in bids]
+        tops = [self.blob_list[i] for i in tids]
+        try:
+            layer.setup(bottoms, tops)
+        except MinicaffeError:
+            raise
+        except Exception as exc:  # a layer bug or a shape numpy rejected: name the layer
+            shapes = ", ".join(str(b.shape) for b in bottoms)
+            raise LayerError(
+                lp.name, lp.type, f"setup failed with bottom shapes [{shapes}]: {type(exc).__name__}: {exc}"
+            ) from exc
+        for j, w in enumerate(layer.loss_weights):
+            if w != 0:
+                self.blob_loss_weights[top_names[j]] = w
+        self.layers.append(layer)
+        self.layer_names.append(lp.name)
+        self.bottom_ids.append(bids)
+        self.top_ids.append(tids)
+        param_need_bw = self._append_params(layer, lp)
+        need_bw = any(self._blob_need_backward[i] for i in bids) or param_need_bw
+        for i in tids:
+            self._blob_need_backward[i] = need_bw
+        self.layer_need_backward.append(need_bw)
+        self.bottom_need_backward.append([self._blob_need_backward[i] for i in bids])
+
+    def _connect_bottoms(self, lp):
+        """Blob indices of the layer's bottoms (each produced by an earlier layer)."""
+        bids = []
+        for b in lp.bottom:
+            if b not in self.blobs:
+                known = list(self.blobs)
                 raise LayerError(
-                    lp.name, lp.type, f"setup failed with bottom shapes [{shapes}]: {type(exc).__name__}: {exc}"
-                ) from exc
-            for j, w in enumerate(layer.loss_weights):
-                if w != 0:
-                    self.blob_loss_weights[top_names[j]] = w
-            self.layers.append(layer)
-            self._layer_names.append(lp.name)
-            self.bottom_ids.append(bids)
-            self.top_ids.append(tids)
+                    lp.name,
+                    lp.type,
+                    f"bottom blob '{b}' is not produced by any earlier layer."
+                    + (did_you_mean(b, known, "blobs so far") if known else " No blob exists yet."),
+                )
+            bids.append(self._blob_index[b])
+            self._available.pop(b, None)
+        return bids
 
-            param_need_bw = self._append_params(layer, lp)
-            need_bw = any(blob_need_backward[i] for i in bids) or param_need_bw
-            for i in tids:
-                blob_need_backward[i] = need_bw
-            self.layer_need_backward.append(need_bw)
-            self.bottom_need_backward.append([blob_need_backward[i] for i in bids])
+    def _connect_tops(self, lp, top_names, bids):
+        """Blob indices of the layer's tops: new blobs, or its bottom's for in-place computation."""
+        tids = []
+        for j, t in enumerate(top_names):
+            if j < len(lp.bottom) and lp.bottom[j] == t:  # in place
+                idx = bids[j]
+            elif t in self.blobs:
+                if t in lp.bottom:
+                    raise LayerError(
+                        lp.name,
+                        lp.type,
+                        f"top '{t}' is bottom {list(lp.bottom).index(t)} but top {j}: "
+                        f"in-place computation needs the same position",
+                    )
+                raise LayerError(
+                    lp.name,
+                    lp.type,
+                    f"top blob '{t}' is produced by an earlier layer too; a blob name may be produced once (or in place)",
+                )
+            else:
+                idx = len(self.blob_list)
+                blob = Blob((), dtype=self.dtype, xp=self.xp, name=t)
+                self.blob_list.append(blob)
+                self.blob_names.append(t)
+                self._blob_index[t] = idx
+                self.blobs[t] = blob
+                self._blob_need_backward.append(False)
+                if lp.type == "Input":
+                    self.inputs.append(t)
+            tids.append(idx)
+            self._available[t] = idx
+        return tids
 
-        # backward pruning: from the top, keep only layers under some loss
+    def _prune_backward(self):
+        """From the top: only layers under some loss run backward; then propagate_down and
+        force_backward, as Caffe."""
         under_loss = set()
         for li in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[li]
             contributes = any(w != 0 for w in layer.loss_weights) or any(
-                self._blob_names[t] in under_loss for t in self.top_ids[li]
+                self.blob_names[t] in under_loss for t in self.top_ids[li]
             )
             if not contributes:
                 self.layer_need_backward[li] = False
             if contributes:
                 for b in self.bottom_ids[li]:
-                    under_loss.add(self._blob_names[b])
+                    under_loss.add(self.blob_names[b])
             lp = layer.param
             for j in range(len(self.bottom_ids[li])):
                 if not contributes:
@@ -318,17 +346,33 @@ class Net:
                 self.layer_need_backward[li] = True
                 for j in range(len(self.bottom_ids[li])):
                     self.bottom_need_backward[li][j] = layer.allow_force_backward(j)
-        self.outputs = list(available)
-        self.layer_dict = OrderedDict(zip(self._layer_names, self.layers))
-        self.top_names = OrderedDict(
-            (n, [self._blob_names[i] for i in ids]) for n, ids in zip(self._layer_names, self.top_ids)
-        )
+
+    def _index(self):
+        """The by-name views (pycaffe's) and the per-layer vectors (Caffe's)."""
+        self.outputs = list(self._available)
+        del self._available, self._blob_need_backward
+        names = self.layer_names
+        self.layer_dict = OrderedDict(zip(names, self.layers))
+        self.top_names = OrderedDict((n, [self.blob_names[i] for i in ids]) for n, ids in zip(names, self.top_ids))
         self.bottom_names = OrderedDict(
-            (n, [self._blob_names[i] for i in ids]) for n, ids in zip(self._layer_names, self.bottom_ids)
+            (n, [self.blob_names[i] for i in ids]) for n, ids in zip(names, self.bottom_ids)
         )
-        self.params = OrderedDict((n, l.blobs) for n, l in zip(self._layer_names, self.layers) if l.blobs)
-        self._bottoms = [[self._blob_list[i] for i in ids] for ids in self.bottom_ids]
-        self._tops = [[self._blob_list[i] for i in ids] for ids in self.top_ids]
+        self.params = OrderedDict((n, l.blobs) for n, l in zip(names, self.layers) if l.blobs)
+        self.bottom_vecs = [[self.blob_list[i] for i in ids] for ids in self.bottom_ids]
+        self.top_vecs = [[self.blob_list[i] for i in ids] for ids in self.top_ids]
+        self.layer_param_indices = [[] for _ in self.layers]
+        for i, li in enumerate(self.param_layer_indices):
+            self.layer_param_indices[li].append(i)
+
+    @property
+    def _layer_names(self):
+        """pycaffe's name for ``layer_names``."""
+        return self.layer_names
+
+    @property
+    def _blob_names(self):
+        """pycaffe's name for ``blob_names``."""
+        return self.blob_names
 
     def _append_params(self, layer, lp):
         """Register layer's parameter blobs (Caffe's AppendParam); True if any of them learns."""
@@ -348,6 +392,7 @@ class Net:
                 self.params_weight_decay.append(decay)
                 self._owner_lr_set.append(lr_given)
                 self.params_owner.append(None)
+                self.param_layer_indices.append(len(self.layers) - 1)
                 if pname:
                     self._param_by_name[pname] = owner
             else:
@@ -383,29 +428,94 @@ class Net:
         if isinstance(name, int):
             return name
         try:
-            return self._layer_names.index(name)
+            return self.layer_names.index(name)
         except ValueError:
             raise NetError(
                 f"{what}: no layer named '{name}' in net '{self.name}'."
-                + did_you_mean(name, self._layer_names, "layers")
+                + did_you_mean(name, self.layer_names, "layers")
             ) from None
 
     def forward_from_to(self, start=0, end=None):
         """Run layers start..end (inclusive); return the summed weighted loss."""
         end = len(self.layers) - 1 if end is None else end
+        if self._forward_hooked:
+            return self._forward_hooked_from_to(start, end)
         loss = 0.0
-        layers, bottoms, tops = self.layers, self._bottoms, self._tops
+        layers, bottoms, tops = self.layers, self.bottom_vecs, self.top_vecs
         for i in range(start, end + 1):
             loss += layers[i].forward_loss(bottoms[i], tops[i])
         return loss
 
     def backward_from_to(self, start=None, end=0):
         start = len(self.layers) - 1 if start is None else start
-        layers, bottoms, tops = self.layers, self._bottoms, self._tops
+        if self._backward_hooked:
+            return self._backward_hooked_from_to(start, end)
+        layers, bottoms, tops, need = self.layers, self.bottom_vecs, self.top_vecs, self.layer_need_backward
+        for i in range(start, end - 1, -1):
+            if need[i]:
+                layers[i].backward(tops[i], self.bottom_need_backward[i], bottoms[i])
+
+    # -- hooks: where runtimes and tools join the loops ------------------------------------------
+    def add_hooks(self, before_forward=None, after_forward=None, before_backward=None, after_backward=None):
+        """Call functions of a layer index around each layer's forward and backward.
+
+        ``before_forward(l)``: before layer l's reshape + forward (a runtime may wait here for
+        layer l's fresh parameters); ``after_forward(l)``: right after it.
+        ``before_backward(l)`` / ``after_backward(l)``: around layer l's backward, only for
+        layers that run backward; after it, layer l's parameter gradients are complete for the
+        parameters it owns (``layer_param_indices[l]``): wait-free backprop sends them here.
+        Hooks of one kind run in the order they were added.  Returns a :class:`HookHandle`;
+        ``handle.remove()`` (or leaving ``with net.add_hooks(...):``) takes them out.
+        """
+        given = {
+            "before_forward": before_forward,
+            "after_forward": after_forward,
+            "before_backward": before_backward,
+            "after_backward": after_backward,
+        }
+        for kind, fn in given.items():
+            if fn is not None and not callable(fn):
+                raise NetError(f"add_hooks: {kind} must be a function of a layer index, got {type(fn).__name__}")
+        handle = HookHandle(self, {k: f for k, f in given.items() if f is not None})
+        for kind, fn in handle.hooks.items():
+            self._hooks[kind].append(fn)
+        self._hooks_changed()
+        return handle
+
+    def remove_hooks(self, handle):
+        """Take out the hooks ``add_hooks`` returned ``handle`` for (``handle.remove()`` calls this)."""
+        for kind, fn in handle.hooks.items():
+            hooks = self._hooks[kind]
+            for k, h in enumerate(hooks):
+                if h is fn:
+                    del hooks[k]
+                    break
+        self._hooks_changed()
+
+    def _hooks_changed(self):
+        h = self._hooks
+        self._forward_hooked = bool(h["before_forward"] or h["after_forward"])
+        self._backward_hooked = bool(h["before_backward"] or h["after_backward"])
+
+    def _forward_hooked_from_to(self, start, end):
+        loss = 0.0
+        before, after = self._hooks["before_forward"], self._hooks["after_forward"]
+        for i in range(start, end + 1):
+            for hook in before:
+                hook(i)
+            loss += self.layers[i].forward_loss(self.bottom_vecs[i], self.top_vecs[i])
+            for hook in after:
+                hook(i)
+        return loss
+
+    def _backward_hooked_from_to(self, start, end):
+        before, after = self._hooks["before_backward"], self._hooks["after_backward"]
         for i in range(start, end - 1, -1):
             if self.layer_need_backward[i]:
-                layers[i].backward(tops[i], self.bottom_need_backward[i], bottoms[i])
-                for hook in self.backward_hooks:
+                for hook in before:
+                    hook(i)
+                self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
+                for hook in after:
                     hook(i)
 
     def _set_inputs(self, arrays, what):
@@ -430,7 +540,7 @@ class Net:
         s = self._layer_index(start, "forward(start=)") or 0
         e = self._layer_index(end, "forward(end=)")
         self.forward_from_to(s, e)
-        outs = list(self.top_names[self._layer_names[e]]) if e is not None else list(self.outputs)
+        outs = list(self.top_names[self.layer_names[e]]) if e is not None else list(self.outputs)
         outs += [b for b in (blobs or []) if b not in outs]
         return {name: self.blobs[name].data for name in outs}
 
@@ -440,7 +550,7 @@ class Net:
         s = self._layer_index(start, "backward(start=)")
         e = self._layer_index(end, "backward(end=)") or 0
         self.backward_from_to(s, e)
-        outs = list(self.bottom_names[self._layer_names[e]]) if end is not None else list(self.inputs)
+        outs = list(self.bottom_names[self.layer_names[e]]) if end is not None else list(self.inputs)
         outs += [b for b in (diffs or []) if b not in outs]
         return {name: self.blobs[name].diff for name in outs}
 
@@ -464,11 +574,11 @@ class Net:
 
     def reshape(self):
         for i, layer in enumerate(self.layers):
-            layer.reshape(self._bottoms[i], self._tops[i])
+            layer.reshape(self.bottom_vecs[i], self.top_vecs[i])
 
     def share_with(self, other):
         """Use other's trained parameters (Caffe's ShareTrainedLayersWith): by layer name."""
-        for name, layer in zip(self._layer_names, self.layers):
+        for name, layer in zip(self.layer_names, self.layers):
             src = other.layer_dict.get(name)
             if src is None or not layer.blobs:
                 continue
@@ -498,6 +608,27 @@ class Net:
 
     def __repr__(self):
         return f"<Net '{self.name}' {self.phase}: {len(self.layers)} layers, {len(self.blobs)} blobs>"
+
+
+class HookHandle:
+    """What ``Net.add_hooks`` returns: ``remove()`` takes the hooks out (twice is harmless);
+    usable as a context manager."""
+
+    def __init__(self, net, hooks):
+        self.net, self.hooks = net, hooks
+        self.removed = False
+
+    def remove(self):
+        if not self.removed:
+            self.removed = True
+            self.net.remove_hooks(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
 
 
 def normalize_phase_or_none(value):

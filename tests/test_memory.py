@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import minicaffe as caffe
 from minicaffe import proto
+from minicaffe.layers.data_base import DataLayer
 from minicaffe.memory import Buffer, ParamLayout, peak_bytes, place, plan_memory, plan_net
 from minicaffe.memory.planner import align_up, plan_solver
 from minicaffe.memory.report import report_text
@@ -101,7 +102,7 @@ def _load(name, batch=8):
 def _reference_then_poisoned(net, iters, recompute):
     """Losses and parameter gradients of ``iters`` iterations, unplanned and then planned with
     poison, from the same data positions; the two lists must be equal."""
-    states = {i: l.state_dict() for i, l in enumerate(net.layers) if hasattr(l, "state_dict")}
+    states = {i: l.state_dict() for i, l in enumerate(net.layers) if isinstance(l, DataLayer)}
     inputs = {n: np.random.default_rng(5).standard_normal(net.blobs[n].shape).astype(np.float32) for n in net.inputs}
 
     def run(poisoned, plan=None):
@@ -162,20 +163,29 @@ def test_poison_caffenet_forward_and_forced_backward():
     _reference_then_poisoned(net, iters=1, recompute=True)
 
 
-def test_poison_catches_a_wrong_lifetime():
-    """The harness is not vacuous: claim that MAX pooling's mask dies after forward, and the
-    poisoned run differs."""
-    from minicaffe.memory import lifetimes
+def test_poison_catches_a_wrong_scratch_span(monkeypatch):
+    """The harness is not vacuous: a Pooling that declares its mask dead after forward makes the
+    poisoned run differ."""
+    from minicaffe.layer import Scratch
+    from minicaffe.layers.pooling import Pooling
 
+    declared = Pooling.scratch
+    monkeypatch.setattr(Pooling, "scratch", lambda self: [Scratch(*s[:3], "call") for s in declared(self)])
     caffe.set_random_seed(1)
     net = caffe.Net(_load("lenet_train_test.prototxt"), caffe.TRAIN)
-    saved = lifetimes.KNOWN_SCRATCH["Pooling"]
-    lifetimes.KNOWN_SCRATCH["Pooling"] = [("_mask", "array", "call")]
-    try:
-        with pytest.raises(AssertionError):
-            _reference_then_poisoned(net, iters=1, recompute=False)
-    finally:
-        lifetimes.KNOWN_SCRATCH["Pooling"] = saved
+    with pytest.raises(AssertionError):
+        _reference_then_poisoned(net, iters=1, recompute=False)
+
+
+def test_poison_catches_a_wrong_backward_reads(monkeypatch):
+    """... and so does an InnerProduct that declares its backward reads no data."""
+    from minicaffe.layers.inner_product import InnerProduct
+
+    monkeypatch.setattr(InnerProduct, "backward_reads", "none")
+    caffe.set_random_seed(1)
+    net = caffe.Net(_load("lenet_train_test.prototxt"), caffe.TRAIN)
+    with pytest.raises(AssertionError):
+        _reference_then_poisoned(net, iters=1, recompute=False)
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -215,5 +225,5 @@ def test_plan_without_a_run_sees_only_setup_scratch():
     net = caffe.Net(_load("lenet_train_test.prototxt"), caffe.TRAIN)
     plan = plan_net(net, run_first=False)
     names = {b.name for b in plan.buffers}
-    assert "pool1:_mask" in names  # allocated by reshape, at setup
-    assert "conv1:_col" not in names  # allocated by the first forward
+    assert "pool1:mask" in names  # allocated by reshape, at setup
+    assert "conv1:col" not in names  # allocated by the first forward

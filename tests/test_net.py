@@ -69,7 +69,7 @@ def test_forward_backward_and_outputs(rng):
     net.backward()
     assert net.params["conv"][0].asum_diff() > 0
     # labels get no gradient; data gets none either (nothing asked for it)
-    assert net.bottom_need_backward[net._layer_names.index("loss")] == [True, False]
+    assert net.bottom_need_backward[net.layer_names.index("loss")] == [True, False]
     assert not net.layer_need_backward[0]
 
 
@@ -114,7 +114,7 @@ def test_force_backward_and_pruning(rng):
     diffs = net.backward()
     assert set(diffs) == {"data", "label"}
     assert np.abs(diffs["data"]).sum() > 0
-    loss_i = net._layer_names.index("loss")
+    loss_i = net.layer_names.index("loss")
     assert net.bottom_need_backward[loss_i] == [True, False]  # labels never get a gradient
 
 
@@ -124,8 +124,8 @@ def test_layer_not_under_loss_is_pruned():
         + 'layer { name: "side" type: "InnerProduct" bottom: "conv" top: "side" inner_product_param { num_output: 2 } }'
     )
     net = make(text, caffe.TRAIN)
-    assert not net.layer_need_backward[net._layer_names.index("side")]
-    assert net.layer_need_backward[net._layer_names.index("ip")]
+    assert not net.layer_need_backward[net.layer_names.index("side")]
+    assert net.layer_need_backward[net.layer_names.index("ip")]
 
 
 def test_lr_mult_zero_freezes_and_prunes():
@@ -133,7 +133,7 @@ def test_lr_mult_zero_freezes_and_prunes():
     net = make(text, caffe.TRAIN)
     conv = net.layer_dict["conv"]
     assert conv.param_propagate_down == [False, False]
-    assert not net.layer_need_backward[net._layer_names.index("conv")]
+    assert not net.layer_need_backward[net.layer_names.index("conv")]
     assert net.params_lr[:2] == [0.0, 0.0]
 
 

@@ -11,6 +11,7 @@ from ._common import axis_index, has, shape_str
 @register
 class Concat(Layer):
     type = "Concat"
+    backward_reads = "none"  # slices the top diff
     min_bottom, max_bottom = 1, None
     min_top, max_top = 1, 1
 

@@ -27,7 +27,7 @@ the engine's.  A 1x1 convolution of one image with stride 1 and no pad needs no 
 all: the image (C, H*W) is the column matrix.
 
 The column buffer is kept between calls (capacity-based, like a Blob) and, when the batch fits
-one chunk, reused by backward instead of running im2col again (backward follows the forward of
+one chunk and ``recompute`` is not set, reused by backward instead of running im2col again (backward follows the forward of
 the same bottoms, Caffe's contract; a key records which bottom and chunk the buffer holds).  A batch whose column buffer would
 exceed ``COL_LIMIT`` elements is processed in chunks of images (AlexNet's conv1 at batch 256
 would otherwise need a 1 GB buffer).
@@ -39,7 +39,7 @@ over the whole chunk beats one GEMM per image writing straight into the top (few
 calls).  No bottom diff is computed where the Net says none is needed (the first conv).
 """
 
-from ..layer import Layer, register
+from ..layer import Layer, Scratch, register
 from ._common import fill_blob, has, shape_str, spatial_geometry
 
 #: most elements a column buffer may hold before the batch is split into chunks of images
@@ -60,12 +60,28 @@ class _Scratch:
             self.buf = self.xp.empty(n, dtype=self.dtype)
         return self.buf[:n].reshape(shape)
 
+    def attach(self, flat):
+        """Use ``flat`` (a placed slice of an arena) as the buffer."""
+        self.buf = flat
+
 
 class _ConvBase(Layer):
     """What Convolution and Deconvolution share: parameters, geometry, shape checks."""
 
     min_bottom, max_bottom = 1, None
     min_top, max_top = 1, None
+    backward_reads = "bottom"  # dW = dy (x)^T needs x; dx = W^T dy needs no data
+
+    def scratch(self):
+        """im2col's columns (kept for backward unless ``recompute``) and the GEMM output."""
+        out = []
+        for name, buf, span in (
+            ("col", self._col, "call" if self.recompute else "layer"),
+            ("out", self._out, self.out_span),
+        ):
+            if buf.buf is not None:
+                out.append(Scratch(name, buf.buf, buf.attach, span))
+        return out
 
     def check_arity(self, bottom, top):
         super().check_arity(bottom, top)
@@ -135,6 +151,7 @@ class _ConvBase(Layer):
 @register
 class Convolution(_ConvBase):
     type = "Convolution"
+    out_span = "call"
 
     def weight_shape(self):
         return (self.num_output, self.channels // self.group, self.kh, self.kw)
@@ -245,6 +262,8 @@ class Convolution(_ConvBase):
             for s in range(0, n, step):
                 self._forward_chunk(x[s : s + step], y[s : s + step])
                 self._col_key = (i, s)  # the column buffer holds im2col of this chunk
+        if self.recompute:
+            self._col_key = None  # backward runs im2col again (Caffe's behaviour)
 
     def backward(self, top, propagate_down, bottom):
         need_params = any(self.param_propagate_down)

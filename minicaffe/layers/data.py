@@ -22,8 +22,9 @@ the layer's name and phase; with no seed set they differ from run to run.
 
 ``data_param.prefetch`` sets the depth of the queue of ready batches (3 when unset; Caffe's
 default is 4).  ``rand_skip`` skips a random number (< rand_skip) of images at the start, as
-Caffe.  ``state_dict()`` / ``load_state_dict()`` save and restore the reader's position, so a
-resumed run reads the same batches it would have read.
+Caffe.  As every :class:`~minicaffe.layers.data_base.DataLayer`, ``state_dict()`` /
+``load_state_dict()`` save and restore the reader's position, so a resumed run reads the same
+batches it would have read.
 """
 
 import zlib
@@ -31,8 +32,9 @@ import zlib
 import numpy as np
 
 from ..data import BatchReader, DatasetError, Prefetcher, Transformer, get_dataset
-from ..layer import Layer, register
+from ..layer import register
 from ..rng import get_seed
+from .data_base import DataLayer
 
 DEFAULT_PREFETCH = 3
 
@@ -61,7 +63,7 @@ def layer_seed(name, phase):
 
 
 @register
-class Data(Layer):
+class Data(DataLayer):
     type = "Data"
     min_top, max_top = 1, 2
 
@@ -95,6 +97,7 @@ class Data(Layer):
         if dp.rand_skip:
             start = int(np.random.default_rng([reader.seed, 2]).integers(dp.rand_skip)) % len(dataset)
         depth = int(dp.prefetch) if dp.has("prefetch") else DEFAULT_PREFETCH
+        self.n_tops = len(top)
         self.prefetcher = Prefetcher(reader, depth=depth, index=start)
         self.prefetcher.start()
 
@@ -103,21 +106,18 @@ class Data(Layer):
         if len(top) > 1:
             top[1].reshape((self.batch_size,))
 
-    def forward(self, bottom, top):
+    def next_batch(self):
         try:
             data, labels = self.prefetcher.next()
         except DatasetError as e:
             raise self.error(str(e)) from None
-        # one counted host->device copy per top on a GPU backend; a plain copy on the CPU
-        top[0].data[...] = self.backend.from_host(data.reshape(top[0].shape), self.dtype)
-        if len(top) > 1:
-            top[1].data[...] = self.backend.from_host(labels.reshape(top[1].shape), self.dtype)
+        return (data, labels)[: self.n_tops]
 
-    def state_dict(self):
+    def position(self):
         """The reader's position as plain JSON (see minicaffe.data.reader)."""
         return self.prefetcher.state_dict()
 
-    def load_state_dict(self, state):
+    def seek(self, state):
         try:
             self.prefetcher.load_state_dict(state)
         except DatasetError as e:

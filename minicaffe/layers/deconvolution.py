@@ -19,7 +19,7 @@ Backward::
     dx = w[g] @ dcol[g]                             laid back out to (N, C, H, W)
 """
 
-from ..layer import register
+from ..layer import Scratch, register
 from ._common import shape_str
 from .convolution import _ConvBase, _Scratch
 
@@ -27,6 +27,13 @@ from .convolution import _ConvBase, _Scratch
 @register
 class Deconvolution(_ConvBase):
     type = "Deconvolution"
+    out_span = "layer"
+
+    def scratch(self):
+        out = super().scratch()
+        if self._xm.buf is not None:
+            out.append(Scratch("xm", self._xm.buf, self._xm.attach, "layer"))
+        return out
 
     def weight_shape(self):
         return (self.channels, self.num_output // self.group, self.kh, self.kw)

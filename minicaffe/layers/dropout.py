@@ -16,6 +16,7 @@ from ._common import Neuron
 @register
 class Dropout(Neuron):
     type = "Dropout"
+    backward_reads = "none"  # keeps its mask
 
     def layer_setup(self, bottom, top):
         self.ratio = float(self.param.dropout_param.dropout_ratio)

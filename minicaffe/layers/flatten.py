@@ -11,6 +11,7 @@ from ._common import axis_index, count
 @register
 class Flatten(Layer):
     type = "Flatten"
+    backward_reads = "none"  # copies the diff
     min_bottom, max_bottom = 1, 1
     min_top, max_top = 1, 1
 

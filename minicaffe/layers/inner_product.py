@@ -21,6 +21,7 @@ from ._common import axis_index, count, fill_blob, has, shape_str
 @register
 class InnerProduct(Layer):
     type = "InnerProduct"
+    backward_reads = "bottom"  # dW = dy^T x needs x; dx = dy W needs no data
     min_bottom, max_bottom = 1, 1
     min_top, max_top = 1, 1
 

@@ -14,11 +14,12 @@ copy in the net's float type.
 
 import numpy as np
 
-from ..layer import Layer, register
+from ..layer import register
+from .data_base import DataLayer
 
 
 @register
-class MemoryData(Layer):
+class MemoryData(DataLayer):
     type = "MemoryData"
     min_top, max_top = 2, 2
 
@@ -71,18 +72,18 @@ class MemoryData(Layer):
             raise self.error(f"batch_size {batch_size} does not divide the {self._data.shape[0]} images held")
         self.batch_size = int(batch_size)
 
-    def forward(self, bottom, top):
+    def next_batch(self):
         if self._data is None:
             raise self.error(
                 "has no data: call net.set_input_arrays(data, labels) (or this layer's set_input_arrays) before forward"
             )
         end = self.pos + self.batch_size
-        top[0].data = self._data[self.pos : end]
-        top[1].data = self._labels[self.pos : end]
+        batch = self._data[self.pos : end], self._labels[self.pos : end]
         self.pos = end % self._data.shape[0]
+        return batch
 
-    def state_dict(self):
+    def position(self):
         return {"pos": int(self.pos)}
 
-    def load_state_dict(self, state):
+    def seek(self, state):
         self.pos = int(state.get("pos", 0))

@@ -26,13 +26,14 @@ import math
 
 import numpy as np
 
-from ..layer import Layer, register
+from ..layer import Layer, Scratch, register
 from ._common import has, shape_str
 
 
 @register
 class Pooling(Layer):
     type = "Pooling"
+    backward_reads = "none"  # MAX keeps its argmax mask (scratch), AVE needs nothing
     min_bottom, max_bottom = 1, 1
     min_top, max_top = 1, 2
 
@@ -102,6 +103,15 @@ class Pooling(Layer):
             count = n * c * self.pooled_h * self.pooled_w
             if self._mask is None or self._mask.size < count:
                 self._mask = self.xp.zeros(count, dtype=np.int32)
+
+    def scratch(self):
+        """MAX pooling's argmax mask, kept from forward for backward."""
+        if self._mask is None:
+            return []
+        return [Scratch("mask", self._mask, self._attach_mask, "layer")]
+
+    def _attach_mask(self, flat):
+        self._mask = flat
 
     def _pooled(self, size, k, pad, stride):
         span = size + 2 * pad - k

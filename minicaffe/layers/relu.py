@@ -11,6 +11,7 @@ from ._common import Neuron
 @register
 class ReLU(Neuron):
     type = "ReLU"
+    backward_reads = "bottom"  # in place, bottom and top are one blob anyway
 
     def layer_setup(self, bottom, top):
         self.slope = float(self.param.relu_param.negative_slope)

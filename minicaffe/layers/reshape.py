@@ -13,6 +13,7 @@ from ._common import count, shape_str
 @register
 class Reshape(Layer):
     type = "Reshape"
+    backward_reads = "none"  # copies the diff
     min_bottom, max_bottom = 1, 1
     min_top, max_top = 1, 1
 

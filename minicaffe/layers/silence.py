@@ -7,6 +7,7 @@ from ..layer import Layer, register
 @register
 class Silence(Layer):
     type = "Silence"
+    backward_reads = "none"  # zeroes the bottom diffs
     min_bottom, max_bottom = 1, None
     min_top, max_top = 0, 0
 

@@ -11,6 +11,7 @@ from ._common import axis_index, has, shape_str
 @register
 class Slice(Layer):
     type = "Slice"
+    backward_reads = "none"  # concatenates the top diffs
     min_bottom, max_bottom = 1, 1
     min_top, max_top = 1, None
 

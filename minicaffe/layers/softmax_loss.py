@@ -20,6 +20,7 @@ from ._common import axis_index, count, has, loss_normalization, loss_normalizer
 @register
 class SoftmaxWithLoss(Layer):
     type = "SoftmaxWithLoss"
+    backward_reads = "bottom"  # the labels (bottom 1); the probabilities are kept inside
     min_bottom, max_bottom = 2, 2
     min_top, max_top = 1, 2
     is_loss = True

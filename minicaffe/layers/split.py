@@ -8,6 +8,7 @@ from ..layer import Layer, register
 @register
 class Split(Layer):
     type = "Split"
+    backward_reads = "none"  # sums the top diffs
     min_bottom, max_bottom = 1, 1
     min_top, max_top = 1, None
 

@@ -1,16 +1,17 @@
 """The memory arena: plan when each buffer of a net is live, place them in one allocation.
 
-    from minicaffe.memory import plan_memory, memory_report
-    plan = plan_memory(net)            # every blob, scratch array and parameter now in one arena
-    print(memory_report(plan))         # bytes per category, naive vs planned, peak
+    from minicaffe.memory import plan_memory, report_text
+    plan = plan_memory(net)                  # every blob, scratch array and parameter now in one arena
+    print(report_text([("my net", plan)]))   # bytes per category, naive vs planned, peak
 
 See lifetimes.py (the schedule and the rules), planner.py (placement, poison), flat.py (flat
 parameter vectors), report.py (the report), and docs/PARALLEL.md.
 """
 
 from .flat import ParamLayout, attach_history
-from .lifetimes import BACKWARD_READS, Buffer, net_buffers
-from .planner import Arena, NetPlan, dry_run, peak_bytes, place, plan_memory, plan_net
+from .lifetimes import Buffer, net_buffers
+from .planner import Arena, NetPlan, dry_run, history_buffers, peak_bytes, place, plan_memory, plan_net, plan_solver
+from .report import report_text
 
 __all__ = [
     "plan_memory",
@@ -24,5 +25,7 @@ __all__ = [
     "net_buffers",
     "ParamLayout",
     "attach_history",
-    "BACKWARD_READS",
+    "history_buffers",
+    "plan_solver",
+    "report_text",
 ]

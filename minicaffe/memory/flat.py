@@ -53,20 +53,19 @@ class ParamLayout:
         if copy:
             self.gather_data(out=flat)
         for b, i in self.blob_slots:
-            b.attach(self.slice(flat, i), b._diff_buf)
+            b.attach(self.slice(flat, i), b.diff_storage)
 
     def attach_diff(self, flat):
         """Make ``flat`` the gradients' storage (zeroed)."""
         flat[...] = 0
         for b, i in self.blob_slots:
-            b.attach(b._data_buf, self.slice(flat, i))
+            b.attach(b.data_storage, self.slice(flat, i))
 
 
-def attach_history(solver, flat_list):
-    """Put the solver's history buffers (one per history name) into flat vectors, copying them."""
-    layout = ParamLayout(solver.net)
-    for h, flat in zip(solver.history, flat_list):
-        for i, arr in enumerate(h):
-            view = layout.slice(flat, i).reshape(arr.shape)
-            view[...] = arr
-            h[i] = view
+def attach_history(layout, hist, flat):
+    """Make ``flat`` the storage of one history buffer list ``hist`` (one array per learnable
+    parameter, laid out as ``layout``), copying the values in: ``hist[i]`` becomes a view."""
+    for i, arr in enumerate(hist):
+        view = layout.slice(flat, i).reshape(arr.shape)
+        view[...] = arr
+        hist[i] = view

@@ -16,10 +16,10 @@ and checks that training gives the same numbers):
 - a blob's **data** is live from the forward of the first layer that touches it to the last step
   that reads it: the forward of every layer that has it as a bottom or a top, and the backward
   of every such layer *that reads data in backward*.  Most layers do (ReLU reads its bottom,
-  Sigmoid its top, LRN both), so that is the default; ``BACKWARD_READS`` lists the layer types
-  known to read less (InnerProduct reads only its bottom; Max pooling reads neither: it keeps an
-  argmax mask).  Without this table nothing could share memory at the turn from forward to
-  backward, where every activation is still live.
+  Sigmoid its top, LRN both), so that is the default; a layer class that reads less declares it
+  with ``backward_reads`` (InnerProduct reads only its bottom; Max pooling reads neither: it
+  keeps an argmax mask).  Without these declarations nothing could share memory at the turn
+  from forward to backward, where every activation is still live.
 - a blob's **diff** is live from the backward of its last consumer to the backward of its
   producer (the layers that run backward and have it as a top, or as a bottom they propagate to).
 - **persistent** (live at every step, and across iterations): the net's inputs and outputs (the
@@ -27,9 +27,10 @@ and checks that training gives the same numbers):
   (they hold the loss weight, written once at setup), diffs that backward reads but never writes
   (a Split top feeding Accuracy: Split sums it, so it must stay the zeros it was allocated as, a
   fact Caffe relies on too), parameters, their gradients, solver history.
-- a layer's **scratch** lives for one call (span ``"call"``: written and read inside the same
-  forward or backward) or from the layer's forward to its backward (span ``"layer"``:
-  Convolution leaves im2col's columns for its backward to reuse; Pooling keeps its argmax mask).
+- a layer's **scratch** (what its ``scratch()`` declares) lives for one call (span ``"call"``:
+  written and read inside the same forward or backward) or from the layer's forward to its
+  backward (span ``"layer"``: Convolution leaves im2col's columns for its backward to reuse,
+  unless its ``recompute`` is set; Pooling keeps its argmax mask).
 
 In place computation (a top named like its bottom) is one Blob, so one buffer whose uses are the
 union of both roles.  Blobs that share storage some other way (``share_data``) are found by
@@ -37,34 +38,6 @@ identity of their storage and planned as one buffer.
 """
 
 import numpy as np
-
-#: layer type -> which blobs' *data* its backward reads: "bottom", "top", "both" or "none".
-#: Types not listed are assumed to read both (safe).  Verified by the poison test.
-BACKWARD_READS = {
-    "Convolution": "bottom",  # dW = dy (x)^T needs x; dx = W^T dy needs no data
-    "Deconvolution": "bottom",
-    "InnerProduct": "bottom",
-    "Pooling": "none",  # MAX keeps its argmax mask (planned as scratch), AVE needs nothing
-    "Split": "none",
-    "Flatten": "none",
-    "Reshape": "none",
-    "Concat": "none",
-    "Slice": "none",
-    "Silence": "none",
-    "Dropout": "none",  # keeps its mask
-    "SoftmaxWithLoss": "bottom",  # the labels (bottom 1); the probabilities are kept inside
-    "ReLU": "bottom",  # in place, bottom and top are one blob anyway
-}
-
-#: span of scratch whose attribute names the planner knows, until layers expose
-#: ``scratch_buffers()`` themselves (see docs/PARALLEL.md, "What the layers could expose").
-#: layer type -> [(attribute, kind, span)]; kind "scratch" is convolution.py's ``_Scratch``
-#: (a ``.buf`` flat array grown on demand), "array" a flat array attribute.
-KNOWN_SCRATCH = {
-    "Convolution": [("_col", "scratch", "layer"), ("_out", "scratch", "call")],
-    "Deconvolution": [("_col", "scratch", "layer"), ("_out", "scratch", "layer"), ("_xm", "scratch", "layer")],
-    "Pooling": [("_mask", "array", "layer")],
-}
 
 
 class Buffer:
@@ -123,55 +96,19 @@ def _interval(uses):
 
 
 def recompute_columns(layer):
-    """Make a Convolution/Deconvolution layer forget its im2col columns after forward, so that
-    backward recomputes them (Caffe's behaviour) and the column buffer lives for one call only.
-
-    minicaffe's Convolution keeps the columns from forward to backward (one im2col saved per
-    step, at the price of a buffer live through the whole iteration).  This wraps the layer's
-    ``forward`` to clear its column key afterwards; a layer option would be cleaner (see
-    docs/PARALLEL.md).  Results are unchanged (the poison test checks it).
-    """
-    if getattr(layer, "_recomputes_columns", False) or not hasattr(layer, "_col_key"):
-        return False
-    forward = layer.forward
-
-    def forward_then_forget(bottom, top):
-        forward(bottom, top)
-        layer._col_key = None
-
-    layer.forward = forward_then_forget
-    layer._recomputes_columns = True
-    return True
+    """Ask ``layer`` to recompute in backward what it keeps from forward (Convolution's im2col
+    columns: Caffe's behaviour), so that its scratch lives for one call only; results are
+    unchanged (the poison test checks it)."""
+    layer.recompute = True
 
 
 def layer_scratch(layer):
-    """[(name, current flat array or None, attach(flat), span)] for the layer's scratch arrays.
-
-    A layer may describe its own scratch with ``scratch_buffers()`` returning
-    ``[(name, array, attach, span)]``; otherwise the attributes in ``KNOWN_SCRATCH`` are used.
-    """
-    own = getattr(layer, "scratch_buffers", None)
-    if callable(own):
-        return list(own())
-    out = []
-    for attr, kind, span in KNOWN_SCRATCH.get(layer.type, ()):
-        if attr == "_col" and getattr(layer, "_recomputes_columns", False):
-            span = "call"
-        obj = getattr(layer, attr, None)
-        if obj is None:
-            continue
-        if kind == "scratch":
-            if not hasattr(obj, "buf"):
-                continue
-            out.append((attr, obj.buf, (lambda flat, o=obj: setattr(o, "buf", flat)), span))
-        elif isinstance(obj, np.ndarray) and obj.ndim == 1:
-            out.append((attr, obj, (lambda flat, l=layer, a=attr: setattr(l, a, flat)), span))
-    return out
+    """The layer's declared scratch: [Scratch(name, flat array, attach(flat), span)]."""
+    return [s for s in layer.scratch() if s.array is not None]
 
 
 def _storage_key(blob, which):
-    buf = blob._data_buf if which == "data" else blob._diff_buf
-    return id(buf)
+    return id(blob.data_storage if which == "data" else blob.diff_storage)
 
 
 def net_buffers(net, params=True):
@@ -189,13 +126,13 @@ def net_buffers(net, params=True):
     persistent_data = set(net.inputs) | set(net.outputs)
     loss_diff = {}  # id(blob) -> loss weight
     for li, layer in enumerate(net.layers):
-        for w, t in zip(layer.loss_weights, net._tops[li]):
+        for w, t in zip(layer.loss_weights, net.top_vecs[li]):
             if w:
                 loss_diff[id(t)] = w
 
     # group blobs by storage (in place = the same Blob; share_data = the same buffer object)
     groups = {"data": {}, "diff": {}}
-    for name, blob in zip(net._blob_names, net._blob_list):
+    for name, blob in zip(net.blob_names, net.blob_list):
         if id(blob) in param_ids:
             continue
         for which in ("data", "diff"):
@@ -204,9 +141,9 @@ def net_buffers(net, params=True):
     uses = {"data": {}, "diff": {}}
     diff_written = set()  # diffs some backward writes (a consumer's)
     for li, layer in enumerate(net.layers):
-        reads = BACKWARD_READS.get(layer.type, "both")
+        reads = layer.backward_reads
         runs_bw = net.layer_need_backward[li]
-        for role, blobs in (("bottom", net._bottoms[li]), ("top", net._tops[li])):
+        for role, blobs in (("bottom", net.bottom_vecs[li]), ("top", net.top_vecs[li])):
             for j, blob in enumerate(blobs):
                 dk, gk = _storage_key(blob, "data"), _storage_key(blob, "diff")
                 uses["data"].setdefault(dk, set()).add(fwd(li))
@@ -239,9 +176,9 @@ def net_buffers(net, params=True):
                     flat[...] = 0
                 for b in blobs:
                     if which == "data":
-                        b.attach(flat, b._diff_buf)
+                        b.attach(flat, b.diff_storage)
                     else:
-                        b.attach(b._data_buf, flat)
+                        b.attach(b.data_storage, flat)
                     if which == "diff" and id(b) in loss_diff:
                         b.flat_diff[...] = loss_diff[id(b)]
 
@@ -296,7 +233,7 @@ def unplanned_bytes(net, buffers):
             for v in items:
                 if isinstance(v, Blob) and id(v) not in params and id(v) not in seen:
                     seen.add(id(v))
-                    total += v._data_buf.nbytes + v._diff_buf.nbytes
+                    total += v.nbytes
                 elif isinstance(v, np.ndarray) and id(v) not in planned and id(v) not in seen:
                     seen.add(id(v))
                     total += v.nbytes

@@ -17,6 +17,7 @@ size is what this one achieves.
 import numpy as np
 
 from ..errors import MinicaffeError
+from ..layers.data_base import DataLayer
 from .lifetimes import net_buffers, recompute_columns, steps, unplanned_bytes
 
 ALIGN = 64  # bytes: a cache line, and what numpy's own allocations give
@@ -55,7 +56,7 @@ def dry_run(net):
 
     params = [p.flat_data.copy() for p in net.learnable_params]
     inputs = {name: net.blobs[name].flat_data.copy() for name in net.inputs}
-    states = {i: layer.state_dict() for i, layer in enumerate(net.layers) if hasattr(layer, "state_dict")}
+    states = {i: layer.position() for i, layer in enumerate(net.layers) if isinstance(layer, DataLayer)}
     gen = get_rng().bit_generator
     rng_state = gen.state
     try:
@@ -66,7 +67,7 @@ def dry_run(net):
         for name, v in inputs.items():
             net.blobs[name].flat_data[...] = v
         for i, state in states.items():
-            net.layers[i].load_state_dict(state)
+            net.layers[i].seek(state)
         gen.state = rng_state
         net.clear_param_diffs()
 
@@ -165,18 +166,12 @@ class NetPlan:
             buf[self.base + start : self.base + end] = 0xFF
 
     def forward_backward_poisoned(self):
-        """One iteration of the net, poisoning the dead bytes before every step; returns the loss."""
+        """One iteration of the net (its own loop), poisoning the dead bytes before every step
+        through the net's hooks; returns the loss."""
         net = self.net
         _, fwd, bwd = steps(net)
-        loss = 0.0
-        for i, layer in enumerate(net.layers):
-            self.poison(fwd(i))
-            loss += layer.forward_loss(net._bottoms[i], net._tops[i])
-        for i in range(len(net.layers) - 1, -1, -1):
-            if net.layer_need_backward[i]:
-                self.poison(bwd(i))
-                net.layers[i].backward(net._tops[i], net.bottom_need_backward[i], net._bottoms[i])
-        return loss
+        with net.add_hooks(before_forward=lambda i: self.poison(fwd(i)), before_backward=lambda i: self.poison(bwd(i))):
+            return net.forward_backward()
 
 
 def plan_net(net, params=True, run_first=True, recompute=False, extra=()):
@@ -206,22 +201,23 @@ def plan_memory(net, params=True, recompute=False):
 
 
 def history_buffers(solver):
-    """The solver's history (momentum, Adam's moments...) as persistent flat buffers."""
-    from .flat import ParamLayout
+    """The solver's history (momentum, Adam's moments...) as persistent flat buffers: attaching
+    one copies that history into the flat vector and makes its arrays views of it."""
+    from .flat import ParamLayout, attach_history
     from .lifetimes import Buffer
 
     layout = ParamLayout(solver.net)
-    out = []
-    for name, hist in zip(solver.history_names, solver.history):
-
-        def attach(flat, hist=hist):
-            for i, arr in enumerate(hist):
-                view = layout.slice(flat, i).reshape(arr.shape)
-                view[...] = arr
-                hist[i] = view
-
-        out.append(Buffer(f"solver {name}", "solver history", layout.count, solver.net.dtype, None, attach))
-    return out
+    return [
+        Buffer(
+            f"solver {name}",
+            "solver history",
+            layout.count,
+            solver.net.dtype,
+            None,
+            lambda flat, hist=hist: attach_history(layout, hist, flat),
+        )
+        for name, hist in zip(solver.history_names, solver.history)
+    ]
 
 
 def plan_solver(solver, recompute=False):

@@ -1,8 +1,8 @@
 """Replicas: the training net again, with its Data layers turned into Input layers of a shard.
 
 A worker's replica is built from the same NetParameter as the solver's training net, with the
-same phase, level and stages, so it has the same layers and the same parameter shapes.  Each Data
-layer becomes an Input layer whose batch is the worker's shard: the server's Data layer reads the
+same phase, level and stages, so it has the same layers and the same parameter shapes.  Each data
+layer (Data, MemoryData: any ``DataLayer``) becomes an Input layer whose batch is the worker's shard: the server's Data layer reads the
 global batch (the solver's batch, in the solver's order) and every worker copies its contiguous
 slice of it.  So the data order, the reader's snapshot position and the global batch size are
 exactly those of a one-thread run.
@@ -46,9 +46,9 @@ def replica_param(solver, data_layers, batch_sizes):
     kept = filter_layers(src.layer, TRAIN, level, stages)
     out = src.copy()
     out.clear("layer")
-    shapes = {layer.name: [t.shape for t in solver.net._tops[i]] for i, layer in data_layers}
+    shapes = {layer.name: [t.shape for t in solver.net.top_vecs[i]] for i, layer in data_layers}
     for lp in kept:
-        if lp.type == "Data" and lp.name in shapes:
+        if lp.name in shapes:
             new = proto.Message("LayerParameter", name=lp.name, type="Input")
             new.top.extend(list(lp.top))
             ip = new.get_or_create("input_param")

@@ -43,6 +43,7 @@ import time
 import numpy as np
 
 from ..errors import SolverError
+from ..layers.data_base import DataLayer
 from ..memory.flat import ParamLayout
 from ..memory.planner import Arena, history_buffers, plan_net
 from . import blas
@@ -76,13 +77,11 @@ class ParallelTrainer:
         self.staleness = int(staleness)
         self.log = log or solver.log
         net = solver.net
-        self.data_layers = [
-            (i, layer) for i, layer in enumerate(net.layers) if layer.type == "Data" and hasattr(layer, "prefetcher")
-        ]
+        self.data_layers = [(i, layer) for i, layer in enumerate(net.layers) if isinstance(layer, DataLayer)]
         if not self.data_layers:
             raise SolverError(
-                f"net '{net.name}' has no Data layer: data-parallel training shards the "
-                f"batch a Data layer reads (Input/MemoryData nets are not supported)"
+                f"net '{net.name}' has no data layer: data-parallel training shards the "
+                f"batch a data layer reads (Input nets are not supported)"
             )
         self.bounds = {}
         for _, layer in self.data_layers:
@@ -219,7 +218,6 @@ class ParallelTrainer:
         self._batches, self._done, self._losses, self._outputs = {}, {}, {}, {}
         self._positions = {}
         self._error, self._stop = None, False
-        self._used_version = []  # (worker, clock, applied when it started): for the SSP test
         self.timing = {
             "server_wait": 0.0,
             "server_reduce": 0.0,
@@ -230,14 +228,15 @@ class ParallelTrainer:
             "worker_copy": [0.0] * self.n,
             "clocks": 0,
             "wall": 0.0,
+            "staleness": {},  # c - (updates applied when a worker started clock c) -> how often
         }
         self._t_return = None
         self._saved_blas = blas.get_threads()
         blas.set_threads(self.blas_threads)
-        solver.forward_backward = self._gather  # the solver's gradient source
+        solver.set_gradient_source(self._gather)
+        solver.add_callback(self)  # on_iteration: publish the update, fetch ahead
         for _, layer in self.data_layers:
-            layer.state_dict = lambda layer=layer: self._data_state(layer)
-        solver.on_iteration.insert(0, self._on_iteration)
+            layer.set_position_source(self._data_state)
         self._previous_sigint = None
         if (
             handle_sigint
@@ -276,15 +275,13 @@ class ParallelTrainer:
         for t in self._threads:
             t.join(timeout=30)
         self._threads = []
-        solver.__dict__.pop("forward_backward", None)
+        solver.set_gradient_source(None)
+        solver.remove_callback(self)
         for _, layer in self.data_layers:
-            layer.__dict__.pop("state_dict", None)
+            layer.set_position_source(None)
             # batches fetched ahead and not used: rewind the reader to the solver's position
             if self._clock in self._positions and self._fetched > self._clock:
-                layer.prefetcher.load_state_dict(self._positions[self._clock][layer.name])
-                layer.prefetcher.start()
-        if self._on_iteration in solver.on_iteration:
-            solver.on_iteration.remove(self._on_iteration)
+                layer.seek(self._positions[self._clock][layer.name])
         if self._previous_sigint is not None:
             signal.signal(signal.SIGINT, self._previous_sigint)
         if self._saved_blas:
@@ -295,7 +292,7 @@ class ParallelTrainer:
         solver will use, not of the batches already fetched ahead for the workers."""
         clock = (self.solver.iter - self._iter0) * self.iter_size
         pos = self._positions.get(clock)
-        return dict(pos[layer.name]) if pos is not None else layer.prefetcher.state_dict()
+        return dict(pos[layer.name]) if pos is not None else layer.position()
 
     # -- the server's side ---------------------------------------------------------------------
     def _fetch_until(self, last):
@@ -303,8 +300,8 @@ class ParallelTrainer:
         t0 = time.perf_counter()
         while self._fetched <= last and self._fetched < self._limit:
             c = self._fetched
-            self._positions[c] = {layer.name: layer.prefetcher.state_dict() for _, layer in self.data_layers}
-            batch = {layer.name: layer.prefetcher.next() for _, layer in self.data_layers}
+            self._positions[c] = {layer.name: layer.position() for _, layer in self.data_layers}
+            batch = {layer.name: layer.next_batch() for _, layer in self.data_layers}
             with self._cv:
                 self._batches[c] = batch
                 self._done[c] = 0
@@ -347,8 +344,8 @@ class ParallelTrainer:
         self._t_return = t2
         return loss
 
-    def _on_iteration(self, solver, loss, lr):
-        """After the Solver applied the update: publish it, fetch ahead."""
+    def on_iteration(self, solver, loss, lr):
+        """A solver callback: after the Solver applied the update, publish it and fetch ahead."""
         now = time.perf_counter()
         if self._t_return is not None:
             self.timing["server_update"] += now - self._t_return
@@ -378,7 +375,8 @@ class ParallelTrainer:
                     if self._stop or self._error is not None:
                         return
                     batch = self._batches[c]
-                    self._used_version.append((k, c, self._applied))
+                    lag = tm["staleness"]
+                    lag[c - self._applied] = lag.get(c - self._applied, 0) + 1
                 t1 = time.perf_counter()
                 if self.n_slots > 1 and c % self.n_slots != slot:
                     slot = c % self.n_slots
@@ -388,8 +386,7 @@ class ParallelTrainer:
                 for name, blobs in inputs.items():
                     lo, hi = self.bounds[name][k]
                     for blob, arr in zip(blobs, batch[name]):
-                        if arr is not None:
-                            blob.data[...] = arr[lo:hi].reshape(blob.shape)
+                        blob.data[...] = arr[lo:hi].reshape(blob.shape)
                 t2 = time.perf_counter()
                 loss = net.forward_backward()
                 outs = {name: np.array(net.blobs[name].data) for name in out_names}
@@ -411,7 +408,9 @@ class ParallelTrainer:
 
     # -- reporting -----------------------------------------------------------------------------
     def stats(self):
-        """Seconds per clock: server (fetch, wait, reduce, update) and each worker's compute/wait."""
+        """Seconds per clock: server (fetch, wait, reduce, update) and each worker's compute/wait;
+        ``staleness``: {c - updates applied when a worker started clock c: count}, in clocks
+        (at most (s + 1) * iter_size - 1; all 0 under BSP with iter_size 1)."""
         t = self.timing
         n = max(t.get("clocks", 0), 1)
         return {
@@ -424,6 +423,7 @@ class ParallelTrainer:
             "worker_compute": [x / n for x in t["worker_compute"]],
             "worker_wait": [x / n for x in t["worker_wait"]],
             "worker_copy": [x / n for x in t["worker_copy"]],
+            "staleness": dict(sorted(t["staleness"].items())),
         }
 
 

@@ -5,12 +5,39 @@ A solver owns a training net and its test nets (built from the solver prototxt),
     step(n):  for each iteration
                   test all test nets      (every test_interval, and at 0 if test_initialization)
                   clear parameter diffs
-                  loss = mean over iter_size of net.forward_backward()   (gradient accumulation)
+                  callbacks: on_start(solver)
+                  loss = mean over iter_size of gradient_source()   (net.forward_backward();
+                                                                     gradients accumulate)
                   display (every `display` iterations: smoothed loss, outputs, lr)
-                  apply_update():  lr = policy(iter); clip gradients; per parameter:
+                  callbacks: on_gradients_ready(solver)
+                  apply_update():  lr = policy(iter); updater(solver, lr), by default
+                                   local_update: clip gradients; per parameter:
                                    normalize (1/iter_size) -> regularize (L2/L1 decay) ->
                                    compute_update_value (the rule: SGD, Adam, ...) ; data -= diff
-                  iter += 1; snapshot every `snapshot` iterations
+                  iter += 1; callbacks: on_iteration(solver, loss, lr)
+                  snapshot every `snapshot` iterations (callbacks: on_snapshot(solver, weights, state))
+
+Where runtimes join a solver (declared seams; a runtime never replaces a solver's methods):
+
+- **callbacks** (Caffe's ``Solver::Callback``): ``solver.add_callback(cb)`` /
+  ``remove_callback(cb)``.  ``cb`` may define any of ``on_start(solver)`` (each iteration, after
+  the diffs are cleared, before its gradients are computed), ``on_gradients_ready(solver)`` (the
+  iteration's gradients, summed over iter_size, are in the learnable parameters' diffs; the
+  update has not run), ``on_iteration(solver, loss, lr)`` (after the update; ``solver.iter`` is
+  the next iteration), ``on_test(solver, index, result)`` and ``on_snapshot(solver, weights,
+  state)``.  Callbacks run in the order they were added.  The lists ``solver.on_iteration``,
+  ``on_test`` and ``on_snapshot`` take plain functions of the same arguments; they run after the
+  callback objects.
+- **the gradient source**: ``solver.set_gradient_source(fn)``: ``fn()`` computes one batch's
+  loss and leaves its gradients *added* to the parameters' diffs (the default is
+  ``net.forward_backward``; the threaded runtime's gathers the workers' gradients).
+  ``set_gradient_source(None)`` restores the default.
+- **the updater**: ``solver.set_updater(fn)``: ``fn(solver, rate)`` applies the iteration's
+  update to the parameters, e.g. through a remote parameter server.  The default is
+  :meth:`Solver.local_update` (clip gradients, then ``update_parameter(i, rate)`` for every
+  learnable parameter).  ``set_updater(None)`` restores it.
+- **data layers** (``minicaffe.layers.data_base.DataLayer``): the solver finds them by type and
+  saves and restores their ``state_dict()`` in its snapshots.
 
 Subclasses implement ``compute_update_value(i, rate)`` (turn ``param.diff`` into the step) and
 name their history buffers.  Snapshots: weights as ``<prefix>_iter_<N>.caffemodel`` (Caffe's
@@ -30,10 +57,13 @@ import numpy as np
 from .. import rng as _rng
 from ..errors import SolverError
 from ..io import atomic_write, save_weights
+from ..layers.data_base import DataLayer
 from ..net import TEST, TRAIN, Net, load_net_param
 from . import lr_policy
 
 STATE_FORMAT = "minicaffe-solverstate-1"
+#: what a callback object given to ``Solver.add_callback`` may define (Caffe's Solver::Callback + three)
+CALLBACK_METHODS = ("on_start", "on_gradients_ready", "on_iteration", "on_test", "on_snapshot")
 
 
 def load_solver_param(source):
@@ -76,6 +106,9 @@ class Solver:
         self.current_step = 0
         self.losses, self.smoothed_loss = [], 0.0
         self.on_iteration, self.on_test, self.on_snapshot = [], [], []
+        self.callbacks = []
+        self._gradient_source = None
+        self._updater = None
         self.requested_stop = False
         p = self.param
         lr_policy.check(p, "solver")
@@ -154,9 +187,49 @@ class Solver:
                 self.log(f"MultiStep Status: Iteration {self.iter}, step = {self.current_step}")
         return lr_policy.learning_rate(self.param, self.iter, self.current_step)
 
+    # -- seams (see the module docstring) --------------------------------------------------------
+    def add_callback(self, callback):
+        """Register an object with any of on_start, on_gradients_ready, on_iteration, on_test,
+        on_snapshot (Caffe's Solver::Callback); it runs after those added before it."""
+        names = [n for n in CALLBACK_METHODS if callable(getattr(callback, n, None))]
+        if not names:
+            raise SolverError(f"add_callback: {type(callback).__name__} defines none of {', '.join(CALLBACK_METHODS)}")
+        if any(cb is callback for cb in self.callbacks):
+            raise SolverError(f"add_callback: {callback!r} is already registered")
+        self.callbacks.append(callback)
+
+    def remove_callback(self, callback):
+        for k, cb in enumerate(self.callbacks):
+            if cb is callback:
+                del self.callbacks[k]
+                return
+        raise SolverError(f"remove_callback: {callback!r} is not registered")
+
+    def _call(self, method, *args):
+        for cb in self.callbacks:
+            fn = getattr(cb, method, None)
+            if fn is not None:
+                fn(self, *args)
+
+    def set_gradient_source(self, fn):
+        """``fn() -> loss`` computes one batch and adds its gradients to the parameters' diffs;
+        None restores the default, ``self.net.forward_backward``."""
+        if fn is not None and not callable(fn):
+            raise SolverError(f"set_gradient_source: expected a function, got {type(fn).__name__}")
+        self._gradient_source = fn
+
+    def set_updater(self, fn):
+        """``fn(solver, rate)`` applies the update to the parameters; None restores
+        :meth:`local_update`."""
+        if fn is not None and not callable(fn):
+            raise SolverError(f"set_updater: expected a function, got {type(fn).__name__}")
+        self._updater = fn
+
     def forward_backward(self):
-        """One batch's loss and gradients (the parallel runtime replaces this with its workers)."""
-        return self.net.forward_backward()
+        """One batch's loss and gradients, from the gradient source."""
+        if self._gradient_source is None:
+            return self.net.forward_backward()
+        return self._gradient_source()
 
     def step(self, iters):
         p = self.param
@@ -168,6 +241,7 @@ class Solver:
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
             self.net.clear_param_diffs()
+            self._call("on_start")
             loss = 0.0
             for _ in range(p.iter_size):
                 loss += self.forward_backward()
@@ -190,8 +264,10 @@ class Solver:
                 tick, last_iter = now, self.iter
                 for line in self._output_lines(self.net, "Train"):
                     self.log(line)
+            self._call("on_gradients_ready")
             lr = self.apply_update(display)
             self.iter += 1
+            self._call("on_iteration", loss, lr)
             for cb in self.on_iteration:
                 cb(self, loss, lr)
             if p.snapshot and self.iter % p.snapshot == 0:
@@ -265,6 +341,7 @@ class Solver:
         for line in self._output_lines(net, "Test", scores):
             self.log(line)
         result = {name: (float(v[0]) if v.size == 1 else v.tolist()) for name, v in scores.items()}
+        self._call("on_test", index, result)
         for cb in self.on_test:
             cb(self, index, result)
         return result
@@ -274,10 +351,17 @@ class Solver:
         rate = self.learning_rate()
         if display:
             self.log(f"Iteration {self.iter}, lr = {rate:.6g}")
+        if self._updater is None:
+            self.local_update(rate)
+        else:
+            self._updater(self, rate)
+        return rate
+
+    def local_update(self, rate):
+        """The default updater: clip gradients, then update every learnable parameter here."""
         self.clip_gradients()
         for i in range(len(self.net.learnable_params)):
             self.update_parameter(i, rate)
-        return rate
 
     def update_parameter(self, i, rate):
         """Caffe's per-parameter sequence: normalize -> regularize -> the rule -> data -= diff."""
@@ -336,6 +420,7 @@ class Solver:
         save_weights(self.net, weights)
         self.log(f"Snapshotting solver state to {state}")
         self.save_state(state, weights)
+        self._call("on_snapshot", weights, state)
         for cb in self.on_snapshot:
             cb(self, weights, state)
         return weights, state
@@ -345,7 +430,7 @@ class Solver:
         for kind, nets in (("train", [self.net]), ("test", self.test_nets)):
             for ni, net in enumerate(nets):
                 for layer in net.layers:
-                    if hasattr(layer, "state_dict"):
+                    if isinstance(layer, DataLayer):
                         data_states[f"{kind}/{ni}/{layer.name}"] = layer.state_dict()
         gen = _rng.get_rng().bit_generator
         return {
@@ -407,7 +492,7 @@ class Solver:
             for ni, net in enumerate(nets):
                 for layer in net.layers:
                     key = f"{kind}/{ni}/{layer.name}"
-                    if key in record["data"] and hasattr(layer, "load_state_dict"):
+                    if key in record["data"] and isinstance(layer, DataLayer):
                         layer.load_state_dict(record["data"][key])
         for net in self.test_nets:
             net.share_with(self.net)

@@ -27,29 +27,38 @@ def build_parser():
 
 
 def time_layers(net, iterations, warmup=5):
-    """{layer index: ([forward seconds], [backward seconds])} and the per-iteration totals."""
+    """{layer index: ([forward seconds], [backward seconds])} and the per-iteration totals,
+    timed around each layer by the net's hooks (the net runs its own loop)."""
     n = len(net.layers)
     fwd = [[] for _ in range(n)]
     bwd = [[] for _ in range(n)]
     totals = []
     clock = time.perf_counter
-    for it in range(warmup + iterations):
-        t_iter = clock()
-        times_f, times_b = [0.0] * n, [0.0] * n
-        for i, layer in enumerate(net.layers):
-            t = clock()
-            layer.forward_loss(net._bottoms[i], net._tops[i])
-            times_f[i] = clock() - t
-        for i in range(n - 1, -1, -1):
-            if net.layer_need_backward[i]:
-                t = clock()
-                net.layers[i].backward(net._tops[i], net.bottom_need_backward[i], net._bottoms[i])
-                times_b[i] = clock() - t
-        if it >= warmup:
-            totals.append(clock() - t_iter)
-            for i in range(n):
-                fwd[i].append(times_f[i])
-                bwd[i].append(times_b[i])
+    started = [0.0]
+    times_f, times_b = [0.0] * n, [0.0] * n
+
+    def start(i):
+        started[0] = clock()
+
+    def stop_forward(i):
+        times_f[i] = clock() - started[0]
+
+    def stop_backward(i):
+        times_b[i] = clock() - started[0]
+
+    with net.add_hooks(
+        before_forward=start, after_forward=stop_forward, before_backward=start, after_backward=stop_backward
+    ):
+        for it in range(warmup + iterations):
+            times_f[:] = [0.0] * n
+            times_b[:] = [0.0] * n
+            t_iter = clock()
+            net.forward_backward()
+            if it >= warmup:
+                totals.append(clock() - t_iter)
+                for i in range(n):
+                    fwd[i].append(times_f[i])
+                    bwd[i].append(times_b[i])
     return fwd, bwd, totals
 
 
@@ -59,8 +68,8 @@ def report(net, fwd, bwd, totals, log):
     total_f = sum(med(f) for f in fwd)
     total_b = sum(med(b) for b in bwd)
     log("Average time per layer (median):")
-    width = max(len(name) for name in net._layer_names)
-    for name, layer, f, b in zip(net._layer_names, net.layers, fwd, bwd):
+    width = max(len(name) for name in net.layer_names)
+    for name, layer, f, b in zip(net.layer_names, net.layers, fwd, bwd):
         share = 100 * (med(f) + med(b)) / max(total_f + total_b, 1e-12)
         log(
             f"  {name:>{width}} {layer.type:<16} forward: {ms(med(f)):8.3f} ms  backward: {ms(med(b)):8.3f} ms"
