@@ -1,0 +1,627 @@
+"""Predict distributed training time from per-layer compute times and the network: an event model.
+
+    python -m minicaffe.dist.simulate --plan                     # AlexNet and VGG-16 on a named GPU
+    python -m minicaffe.dist.simulate lenet --measure --nodes 2 4 --bandwidth 1gbit
+    python -m minicaffe.dist.simulate --times times.json --nodes 8 16 32 --bandwidth 10gbit 40gbit
+
+One node, one iteration after another, two resources (every node does the same, so one node's
+timeline is everyone's under BSP):
+
+- **compute** runs layer 0..L-1 forward, then L-1..0 backward, one layer at a time;
+- **the communication thread** synchronizes one layer at a time, first come first served. A
+  layer's sync takes latency x round trips + (bytes / 2) / bandwidth (the cost rule counts
+  sent + received; a full-duplex link moves both halves at once) + the CPU work the method needs:
+  PS applies the update to this node's 1/P shard; SFB rebuilds the gradient from all P nodes'
+  factors (P times the layer's own weight-gradient GEMM) and applies the whole update.
+
+The schedule is the only difference between the modes:
+
+- **without WFBP** every sync is queued when the whole backward has finished, and the next
+  forward waits for all of them (compute, then communicate, then compute);
+- **with WFBP** layer l's sync is queued the moment layer l's backward ends, so it overlaps the
+  backward of the layers below, and the next forward of layer l waits only for layer l's sync.
+
+Time per iteration is the steady-state period of this schedule; the speedup on P nodes is
+P x (one node's time per iteration, compute + update) / (P nodes' time per iteration), with a
+fixed batch per node (weak scaling, as Poseidon reports it).
+
+Per-layer forward/backward times come from ``python -m minicaffe.time`` (``--measure``), from
+a JSON file (``--times``: ``[{"name", "forward", "backward"}]`` in milliseconds, with ``m, n,
+k, count`` for layers with parameters), or, for ``--plan``, from a stated GPU model: each
+layer's FLOPs (counted from the prototxt's shapes) over a named GPU's sustained FLOP/s.
+"""
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+
+from ..errors import MinicaffeError
+from .cost import COMM_MODES, ps_floats, sfb_floats
+
+# -- inputs -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Layer:
+    """One layer as the simulator sees it: seconds of compute and the parameters it synchronizes.
+
+    ``count``: floats of learnable parameters (0: nothing to sync); ``m, n, k``: the FC geometry
+    (M x N weight, K rows per node) when SFB may serve it; ``update``: seconds to apply the
+    solver to all ``count`` parameters; ``wgrad``: seconds of the layer's weight-gradient GEMM
+    on its own K rows (default: half its backward: dW and dx are GEMMs of the same size).
+    """
+
+    name: str
+    forward: float
+    backward: float
+    count: int = 0
+    m: int = None
+    n: int = None
+    k: int = None
+    update: float = 0.0
+    wgrad: float = None
+    itemsize: int = 4
+
+    @property
+    def fc(self):
+        return self.m is not None
+
+
+@dataclass
+class Link:
+    """A node's full-duplex link: ``bandwidth`` in bytes/s each way, one-way ``latency`` in s."""
+
+    bandwidth: float
+    latency: float = 0.0
+
+    def __str__(self):
+        return f"{format_rate(self.bandwidth)}, {self.latency * 1e3:g} ms"
+
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_rate(text):
+    """'1gbit', '10Gbit', '100mbit', '40gbps' -> bytes per second; 'inf' -> infinity."""
+    t = str(text).strip().lower()
+    if t in ("inf", "infinite"):
+        return math.inf
+    m = re.fullmatch(r"([0-9.]+)\s*([kmgt]?)(bit|bps|b/s|bit/s)?", t)
+    if not m:
+        raise MinicaffeError(f"bandwidth '{text}' not understood; write e.g. 1gbit, 10gbit, 100mbit")
+    return float(m.group(1)) * _UNITS[m.group(2)] / 8.0
+
+
+def parse_seconds(text):
+    """'0.1ms', '50us', '1s', '0' -> seconds."""
+    t = str(text).strip().lower()
+    m = re.fullmatch(r"([0-9.]+)\s*(s|ms|us|ns)?", t)
+    if not m:
+        raise MinicaffeError(f"latency '{text}' not understood; write e.g. 0.1ms, 50us")
+    return float(m.group(1)) * {"s": 1, None: 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]
+
+
+def format_rate(bytes_per_s):
+    if math.isinf(bytes_per_s):
+        return "inf"
+    bits = bytes_per_s * 8
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6)):
+        if bits >= scale:
+            return f"{bits / scale:g} {unit}"
+    return f"{bits / 1e3:g} kbit/s"
+
+
+# -- the cost of one layer's sync ---------------------------------------------------------------
+
+
+def method_of(layer, nodes, comm):
+    """'ps', 'sfb' or None (nothing to sync): the same choice as cost.plan."""
+    if layer.count == 0:
+        return None
+    if comm == "ps" or not layer.fc:
+        return "ps"
+    if comm == "sfb":
+        return "sfb"
+    return "sfb" if sfb_floats(layer.k, layer.m, layer.n, nodes) <= ps_floats(layer.m, layer.n, nodes, nodes) else "ps"
+
+
+def sync_cost(layer, method, nodes, link):
+    """(network seconds, CPU seconds, bytes sent + received) of one layer's sync.
+
+    The CPU part runs on the communication thread too (it is what slows when nodes share cores).
+    """
+    if method is None:
+        return 0.0, 0.0, 0.0
+    if nodes == 1:
+        return 0.0, layer.update, 0.0  # nothing moves; the node applies the update itself
+    if method == "ps":
+        nbytes = ps_floats(layer.count, 1, nodes, nodes) * layer.itemsize
+        rounds, cpu = 2, layer.update / nodes  # push, then pull; this node's shard of the update
+    else:
+        nbytes = sfb_floats(layer.k, layer.m, layer.n, nodes) * layer.itemsize
+        wgrad = layer.backward / 2 if layer.wgrad is None else layer.wgrad
+        rounds, cpu = 1, nodes * wgrad + layer.update  # broadcast; rebuild from P nodes' rows; update
+    return rounds * link.latency + nbytes / 2 / link.bandwidth, cpu, nbytes
+
+
+# -- the event model -----------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """A simulated run: seconds per iteration, bytes per node per iteration, and its timeline."""
+
+    nodes: int
+    comm: str
+    wfbp: bool
+    period: float
+    compute: float
+    bytes: float
+    methods: dict
+    events: list = field(default_factory=list)  # (lane, layer name, start, end, iteration)
+
+    @property
+    def waiting(self):
+        """Share of the iteration compute spends waiting for the network."""
+        return max(self.period - self.compute, 0.0) / self.period if self.period > 0 else 0.0
+
+
+def simulate(layers, nodes, link, comm="hybrid", wfbp=True, iterations=8, compute_scale=1.0):
+    """Run the schedule for ``iterations`` iterations; the period is measured over the last ones.
+
+    ``compute_scale`` multiplies every compute time and CPU part of a sync (e.g. P node
+    processes sharing fewer cores: P / cores).
+    """
+    if comm not in COMM_MODES:
+        raise MinicaffeError(f"comm must be one of {', '.join(COMM_MODES)}, got '{comm}'")
+    if nodes < 1 or iterations < 3:
+        raise MinicaffeError("simulate needs nodes >= 1 and iterations >= 3")
+    wfbp = wfbp and nodes > 1  # one node has nothing to overlap: it updates after backward, as Caffe
+    n = len(layers)
+    fwd = [l.forward * compute_scale for l in layers]
+    bwd = [l.backward * compute_scale for l in layers]
+    methods = [method_of(l, nodes, comm) for l in layers]
+    sync, nbytes = [], 0.0
+    for l, m in zip(layers, methods):
+        net_s, cpu_s, b = sync_cost(l, m, nodes, link)
+        sync.append(None if m is None else net_s + cpu_s * compute_scale)
+        nbytes += b
+    fresh = [0.0] * n  # when layer l's parameters for the next forward are in place
+    t, comm_free = 0.0, 0.0
+    starts, events = [], []
+    for it in range(iterations):
+        for i in range(n):
+            s = max(t, fresh[i])
+            if i == 0:
+                starts.append(s)
+            t = s + fwd[i]
+            events.append(("compute", layers[i].name, s, t, it))
+        queued = []
+        for i in range(n - 1, -1, -1):
+            s, t = t, t + bwd[i]
+            events.append(("compute", layers[i].name, s, t, it))
+            if sync[i] is not None:
+                queued.append((i, t))
+        if not wfbp:
+            queued = [(i, t) for i, _ in queued]  # everything waits for the whole backward
+        for i, ready in queued:
+            s = max(comm_free, ready)
+            comm_free = s + sync[i]
+            fresh[i] = comm_free
+            events.append(("comm", layers[i].name, s, comm_free, it))
+        if not wfbp:
+            fresh = [comm_free] * n  # the next iteration starts when every layer is synchronized
+    period = (starts[-1] - starts[1]) / (len(starts) - 2)
+    names = {l.name: m for l, m in zip(layers, methods) if m is not None}
+    return Result(nodes, comm, wfbp, period, sum(fwd) + sum(bwd), nbytes, names, events)
+
+
+def one_node_time(layers):
+    """One node alone: forward, backward and the update of every parameter, no network."""
+    return sum(l.forward + l.backward + l.update for l in layers)
+
+
+def speedup(layers, nodes, link, comm="hybrid", wfbp=True, compute_scale=1.0):
+    r = simulate(layers, nodes, link, comm, wfbp, compute_scale=compute_scale)
+    return nodes * one_node_time(layers) / r.period, r
+
+
+# -- where per-layer times come from -------------------------------------------------------------
+
+
+def layers_from_json(path):
+    """Layers from a file: a list of {name, forward, backward (ms), count, m, n, k, update (ms)}."""
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise MinicaffeError(f"--times {path}: cannot read it: {exc}") from None
+    if isinstance(rows, dict):
+        rows = rows.get("layers", [])
+    out = []
+    for j, r in enumerate(rows):
+        try:
+            out.append(
+                Layer(
+                    r["name"],
+                    r["forward"] / 1e3,
+                    r["backward"] / 1e3,
+                    int(r.get("count", 0)),
+                    r.get("m"),
+                    r.get("n"),
+                    r.get("k"),
+                    r.get("update", 0.0) / 1e3,
+                )
+            )
+        except (KeyError, TypeError) as exc:
+            raise MinicaffeError(f"--times {path}: entry {j} needs name, forward and backward (ms): {exc}") from None
+    if not out:
+        raise MinicaffeError(f"--times {path}: no layers")
+    return out
+
+
+def update_seconds_per_param():
+    """Measured: seconds per parameter of the SGD momentum update the CPU backend runs."""
+    import time
+
+    import numpy as np
+
+    from .. import backend
+
+    be = backend.get()
+    w, g, h = (np.ones(1 << 20, np.float32) for _ in range(3))
+    be.sgd_step(w, g, h, 0.9, 0.01, 0.0005)
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        be.sgd_step(w, g, h, 0.9, 0.01, 0.0005)
+        best = min(best, time.perf_counter() - t)
+    return best / w.size
+
+
+def layers_from_net(net, iterations=10, warmup=3, workers=1):
+    """Measure a Net's per-layer forward/backward (``python -m minicaffe.time``'s loop) on this
+    machine; the geometry of each layer with parameters comes from the cost rule's plan."""
+    import statistics
+
+    from ..tools.timing import time_layers
+    from .cost import plan
+
+    fwd, bwd, _ = time_layers(net, iterations, warmup)
+    per_param = update_seconds_per_param()
+    geo = {c.index: c for c in plan(net, 2, workers=workers)}
+    out = []
+    for i, layer in enumerate(net.layers):
+        c = geo.get(i)
+        lay = Layer(layer.name, statistics.median(fwd[i]), statistics.median(bwd[i]))
+        if c is not None:
+            lay.count, lay.itemsize = c.count, c.itemsize
+            lay.update = c.count * per_param
+            if c.sfb_ok:
+                lay.m, lay.n, lay.k = c.m, c.n, c.k
+        out.append(lay)
+    return out
+
+
+# -- a stated GPU model: FLOPs from the prototxt's shapes ----------------------------------------
+
+
+@dataclass
+class GPU:
+    name: str
+    peak_flops: float  # FP32 FLOP/s
+    efficiency: float  # the share of peak a cuDNN-era GEMM/convolution sustains
+    memory_bandwidth: float  # bytes/s, for the layers that only stream memory
+    launch: float = 20e-6  # seconds per layer pass (kernel launches and framework overhead)
+
+    @property
+    def sustained(self):
+        return self.peak_flops * self.efficiency
+
+    def __str__(self):
+        return (
+            f"{self.name}: {self.peak_flops / 1e12:g} TFLOP/s FP32 peak x {self.efficiency:g} = "
+            f"{self.sustained / 1e12:.2f} TFLOP/s sustained, {self.memory_bandwidth / 1e9:g} GB/s"
+        )
+
+
+# Poseidon's ATC'17 cluster: one GeForce GTX Titan X (Maxwell, GM200) per node.
+TITAN_X = GPU("NVIDIA GeForce GTX Titan X (Maxwell)", 6.6e12, 0.5, 336e9)
+
+
+def _pair(p, name, default):
+    """kernel/stride/pad as (h, w): ``<name>_h``/``_w`` when set, else the (repeated) ``<name>``."""
+    if p.has(f"{name}_h") or p.has(f"{name}_w"):
+        return int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))
+    v = getattr(p, "kernel_size" if name == "kernel" else name)
+    if isinstance(v, list):
+        v = v[0] if v else None
+    if v is None or (name == "kernel" and not p.has("kernel_size")):
+        if default is None:
+            raise MinicaffeError(f"simulate: {name} not given")
+        v = default
+    return int(v), int(v)
+
+
+def flops_model(source, batch):
+    """Per-layer shapes, parameters and FLOPs of a net prototxt, without building it.
+
+    Returns [{name, type, forward_flops, backward_flops, bytes, count, m, n, k}] for ``batch``
+    rows; covers the layer types of AlexNet/VGG-style nets (Input, Data, Convolution, Pooling,
+    InnerProduct, ReLU, LRN, Dropout, Softmax, SoftmaxWithLoss, Accuracy).
+    """
+    from ..net import TRAIN, filter_layers, load_net_param
+
+    param = load_net_param(source)
+    shapes = {}
+    for name, shape in zip(param.input, param.input_shape):
+        shapes[name] = [batch] + list(shape.dim)[1:]
+    out = []
+    for lp in filter_layers(param.layer, TRAIN):
+        t = lp.type
+        bottom = [shapes[b] for b in lp.bottom] if all(b in shapes for b in lp.bottom) else None
+        if bottom is None:
+            raise MinicaffeError(f"simulate: layer '{lp.name}' reads a blob of unknown shape {list(lp.bottom)}")
+        row = dict(name=lp.name, type=t, forward_flops=0.0, backward_flops=0.0, bytes=0.0, count=0)
+        if t == "Input":
+            for top, s in zip(lp.top, lp.input_param.shape):
+                shapes[top] = [batch] + list(s.dim)[1:]
+            continue
+        if t == "Data":
+            raise MinicaffeError(f"simulate: layer '{lp.name}': give a deploy net (input: / Input) for --plan")
+        x = bottom[0]
+        if t == "Convolution":
+            p = lp.convolution_param
+            (kh, kw), (sh, sw), (ph, pw) = _pair(p, "kernel", None), _pair(p, "stride", 1), _pair(p, "pad", 0)
+            cout, group = int(p.num_output), int(p.group or 1)
+            oh, ow = (x[2] + 2 * ph - kh) // sh + 1, (x[3] + 2 * pw - kw) // sw + 1
+            y = [x[0], cout, oh, ow]
+            macs = x[0] * cout * oh * ow * (x[1] // group) * kh * kw
+            row.update(forward_flops=2.0 * macs, backward_flops=4.0 * macs)
+            row["count"] = cout * (x[1] // group) * kh * kw + (cout if p.bias_term else 0)
+        elif t == "Pooling":
+            p = lp.pooling_param
+            if p.global_pooling:
+                y = [x[0], x[1], 1, 1]
+            else:
+                (kh, kw), (sh, sw), (ph, pw) = _pair(p, "kernel", None), _pair(p, "stride", 1), _pair(p, "pad", 0)
+                oh = -(-(x[2] + 2 * ph - kh) // sh) + 1
+                ow = -(-(x[3] + 2 * pw - kw) // sw) + 1
+                y = [x[0], x[1], oh, ow]
+        elif t == "InnerProduct":
+            p = lp.inner_product_param
+            axis = int(p.axis) % len(x)
+            rows, n = math.prod(x[:axis]), math.prod(x[axis:])
+            m = int(p.num_output)
+            y = list(x[:axis]) + [m]
+            row.update(forward_flops=2.0 * rows * m * n, backward_flops=4.0 * rows * m * n)
+            row.update(count=m * n + (m if p.bias_term else 0), m=m, n=n, k=rows)
+        elif t in ("ReLU", "LRN", "Dropout", "Softmax", "TanH", "Sigmoid", "BatchNorm", "Scale"):
+            y = list(x)
+        elif t in ("SoftmaxWithLoss", "Accuracy", "EuclideanLoss"):
+            y = [1]
+        else:
+            raise MinicaffeError(f"simulate: layer '{lp.name}' of type {t} has no shape rule in the FLOP model")
+        row["bytes"] = 4.0 * (math.prod(x) + math.prod(y))  # read the input, write the output
+        for top in lp.top:
+            shapes[top] = y
+        out.append(row)
+    return out
+
+
+def layers_from_gpu_model(source, batch, gpu=TITAN_X):
+    """Per-layer seconds on ``gpu``: max(FLOPs / sustained FLOP/s, bytes / memory bandwidth) plus
+    a launch cost; the update streams w, g, h (read) and w, h (written): 20 bytes a parameter."""
+    out = []
+    for r in flops_model(source, batch):
+        f = max(r["forward_flops"] / gpu.sustained, r["bytes"] / gpu.memory_bandwidth) + gpu.launch
+        b = max(r["backward_flops"] / gpu.sustained, 2 * r["bytes"] / gpu.memory_bandwidth) + gpu.launch
+        lay = Layer(r["name"], f, b, r["count"], update=20.0 * r["count"] / gpu.memory_bandwidth)
+        if r["type"] == "InnerProduct":
+            lay.m, lay.n, lay.k = r["m"], r["n"], r["k"]
+            lay.wgrad = r["forward_flops"] / gpu.sustained
+        out.append(lay)
+    return out
+
+
+# -- tables and plots ----------------------------------------------------------------------------
+
+MODES = [(c, w) for c in COMM_MODES for w in (False, True)]
+
+
+def mode_name(comm, wfbp):
+    return comm.upper() if comm != "hybrid" else "hybrid" + ("+WFBP" if wfbp else "")
+
+
+def mode_label(comm, wfbp):
+    return f"{comm}{'+WFBP' if wfbp else ''}"
+
+
+def speedup_table(layers, nodes_list, link, compute_scale=1.0):
+    """{(comm, wfbp): [(nodes, speedup, Result)]} for every mode."""
+    return {
+        (c, w): [(p, *speedup(layers, p, link, c, w, compute_scale)) for p in nodes_list] for c, w in MODES
+    }
+
+
+def format_speedups(title, table, published=None):
+    nodes = [p for p, _, _ in next(iter(table.values()))]
+    head = f"  {'nodes':>5}" + "".join(f" {mode_label(c, w):>12}" for c, w in table) + "   published"
+    lines = [title, head]
+    for j, p in enumerate(nodes):
+        pub = (published or {}).get(p, "")
+        lines.append(f"  {p:>5}" + "".join(f" {rows[j][1]:>11.2f}x" for rows in table.values()) + f"   {pub}")
+    return "\n".join(lines)
+
+
+def plot_speedups(panels, path):
+    """panels: [(title, table)] -> one subplot per panel, speedup vs nodes per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(len(panels), 4)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
+    for ax, (title, table) in zip(axes.ravel(), panels):
+        nodes = [p for p, _, _ in next(iter(table.values()))]
+        ax.plot(nodes, nodes, color="0.7", linestyle=":", label="linear")
+        for (c, w), rows_ in table.items():
+            ax.plot(
+                nodes,
+                [s for _, s, _ in rows_],
+                marker="o" if w else "x",
+                linestyle="-" if w else "--",
+                color={"ps": "C0", "sfb": "C1", "hybrid": "C2"}[c],
+                label=mode_label(c, w),
+            )
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("nodes")
+        ax.set_ylabel("speedup")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xticks(nodes, [str(p) for p in nodes])
+        ax.grid(alpha=0.3)
+    for ax in axes.ravel()[len(panels) :]:
+        ax.axis("off")
+    axes.ravel()[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_timeline(result, path, iterations=2, title=""):
+    """The compute and communication lanes of the last ``iterations`` simulated iterations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    last = max(e[4] for e in result.events)
+    ev = [e for e in result.events if e[4] > last - iterations]
+    t0 = min(e[2] for e in ev)
+    names = []
+    for e in ev:
+        if e[1] not in names:
+            names.append(e[1])
+    colors = {n: f"C{j % 10}" for j, n in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(9, 2.2))
+    for lane, y in (("compute", 1), ("comm", 0)):
+        for _, name, s, e, _ in (x for x in ev if x[0] == lane):
+            ax.barh(y, (e - s) * 1e3, left=(s - t0) * 1e3, color=colors[name], edgecolor="k", linewidth=0.3)
+    ax.set_yticks([0, 1], ["network", "compute"])
+    ax.set_xlabel("ms")
+    ax.set_title(title or f"{mode_name(result.comm, result.wfbp)}, {result.nodes} nodes", fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in names if n in result.methods]
+    ax.legend(handles, [n for n in names if n in result.methods], fontsize=6, ncol=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- planning at a scale this machine cannot reach ----------------------------------------------
+
+# What the papers report (see docs/POSEIDON.md for the sources and how they were measured).
+PUBLISHED = {
+    "alexnet": {8: "4.5x (arXiv 1512.06216, 8 nodes, Ethernet)"},
+    "vgg16": {16: "VGG19-22K: 15.5x (ATC'17, 16 nodes, 10 GbE)"},
+}
+PLAN_NETS = (("alexnet", "caffenet_deploy", 256), ("vgg16", "vgg16_deploy", 32))
+
+
+def plan(nodes_list=(1, 2, 4, 8, 16, 32), links=("10gbit", "40gbit"), latency="50us", gpu=TITAN_X, png=None, out=print):
+    from ..tools.common import resolve_net
+
+    out(f"Per-layer times: FLOPs / sustained FLOP/s of the {gpu}; one GPU per node.")
+    panels = []
+    for short, netname, batch in PLAN_NETS:
+        layers = layers_from_gpu_model(resolve_net(netname), batch, gpu)
+        t1 = one_node_time(layers)
+        params = sum(l.count for l in layers)
+        out(
+            f"\n{short}: {params / 1e6:.1f}M parameters, batch {batch} per node, one node "
+            f"{t1 * 1e3:.1f} ms per iteration ({batch / t1:.0f} images/s)"
+        )
+        for rate in links:
+            link = Link(parse_rate(rate), parse_seconds(latency))
+            table = speedup_table(layers, list(nodes_list), link)
+            out(format_speedups(f"  speedup over one node, {link}:", table, PUBLISHED.get(short)))
+            panels.append((f"{short}, {format_rate(link.bandwidth)}", table))
+    if png:
+        plot_speedups(panels, png)
+        out(f"\nwrote {png}")
+    return panels
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m minicaffe.dist.simulate", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", nargs="?", help="a short name from nets/ or a prototxt (with --measure)")
+    p.add_argument("--plan", action="store_true", help="AlexNet and VGG-16 on 1..32 GPU nodes, 10 and 40 Gbit/s")
+    p.add_argument("--measure", action="store_true", help="time the model's layers on this machine first")
+    p.add_argument("--times", help="per-layer times from a JSON file instead (ms)")
+    p.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--bandwidth", nargs="+", default=["1gbit", "10gbit"], help="link rates, e.g. 1gbit 10gbit")
+    p.add_argument("--latency", default="0.1ms", help="one-way latency (default 0.1ms)")
+    p.add_argument("--cores", type=int, help="nodes share this many cores (compute slows by nodes / cores)")
+    p.add_argument("--synthetic", action="store_true", help="Data layers read synthetic images (no download)")
+    p.add_argument("--png", help="write the speedup plot here")
+    p.add_argument("--timeline", help="write the timeline of hybrid+WFBP at the largest node count here")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        if args.plan:
+            plan(png=args.png)
+            return 0
+        if args.times:
+            layers = layers_from_json(args.times)
+        elif args.measure and args.model:
+            from .. import proto
+            from ..net import Net
+            from ..parallel import with_synthetic_data
+            from ..tools.common import resolve_net
+
+            param = proto.parse_file(resolve_net(args.model, "train_test"), "NetParameter")
+            if args.synthetic:
+                param = with_synthetic_data(param, count=256)
+            layers = layers_from_net(Net(param, "TRAIN"))
+        else:
+            raise MinicaffeError("give --plan, --times FILE, or a model with --measure")
+        panels = []
+        for rate in args.bandwidth:
+            link = Link(parse_rate(rate), parse_seconds(args.latency))
+            for p in args.nodes:
+                if p < 1:
+                    raise MinicaffeError(f"--nodes must be >= 1, got {p}")
+            scale = (lambda p: max(1.0, p / args.cores)) if args.cores else (lambda p: 1.0)
+            table = {
+                (c, w): [(p, *speedup(layers, p, link, c, w, scale(p))) for p in args.nodes] for c, w in MODES
+            }
+            print(format_speedups(f"speedup over one node, {link}:", table))
+            print("  ms per iteration: " + ", ".join(
+                f"{mode_label(c, w)} " + "/".join(f"{r.period * 1e3:.1f}" for _, _, r in rows)
+                for (c, w), rows in table.items()
+            ))
+            panels.append((f"{args.model or args.times}, {format_rate(link.bandwidth)}", table))
+            if args.timeline:
+                res = simulate(layers, max(args.nodes), link, "hybrid", True, compute_scale=scale(max(args.nodes)))
+                plot_timeline(res, args.timeline)
+        if args.png:
+            plot_speedups(panels, args.png)
+        return 0
+    except MinicaffeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

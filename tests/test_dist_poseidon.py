@@ -1,0 +1,220 @@
+"""Poseidon's cost rule (worked numbers, the per-layer plan of a Net) and sufficient factors:
+the gradient rebuilt from u and v equals the layer's own, layer by layer, and summed over
+several nodes' factors equals the gradient of the concatenated batch."""
+
+import numpy as np
+import pytest
+
+import minicaffe as caffe
+from minicaffe import proto
+from minicaffe.dist import cost, sfb
+from minicaffe.errors import LayerError, MinicaffeError
+
+# An MLP that exercises every InnerProduct form SFB handles: the default (axis 1), axis 2
+# (rows = every position before the axis) and transpose (W stored N x M).
+MLP = """
+name: "mlp"
+input: "data"  input_shape { dim: BATCH dim: 3 dim: 4 dim: 5 }
+input: "label" input_shape { dim: BATCH }
+layer { name: "ipa" type: "InnerProduct" bottom: "data" top: "ipa"
+        inner_product_param { num_output: 6 axis: 2
+          weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "relua" type: "ReLU" bottom: "ipa" top: "ipa" }
+layer { name: "ipb" type: "InnerProduct" bottom: "ipa" top: "ipb"
+        inner_product_param { num_output: 9 transpose: true
+          weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "constant" value: -0.1 } } }
+layer { name: "tanhb" type: "TanH" bottom: "ipb" top: "ipb" }
+layer { name: "ipc" type: "InnerProduct" bottom: "ipb" top: "ipc" param { lr_mult: 1 } param { lr_mult: 2 }
+        inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ipc" bottom: "label" top: "loss" }
+"""
+FC = ("ipa", "ipb", "ipc")
+
+
+def mlp(batch, seed=3):
+    caffe.set_random_seed(seed)
+    return caffe.Net(MLP.replace("BATCH", str(batch)), caffe.TRAIN)
+
+
+def batch_of(k, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((k, 3, 4, 5)).astype(np.float32), rng.integers(0, 4, size=k).astype(np.float32)
+
+
+def set_batch(net, x, y):
+    net.blobs["data"].reshape(x.shape)
+    net.blobs["label"].reshape(y.shape)
+    net.reshape()
+    net.blobs["data"].data[...] = x
+    net.blobs["label"].data[...] = y
+
+
+def gradients(net, names):
+    return {n: [b.diff.copy() for b in net.layer_dict[n].blobs] for n in names}
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a.astype(np.float64) - b)) / max(np.max(np.abs(b.astype(np.float64))), 1e-30))
+
+
+# -- the cost rule --------------------------------------------------------------------------------
+def test_rule_worked_numbers_lenet_ip1():
+    # LeNet's ip1: W is 500 x 800, batch K = 64 per node.  On 4 nodes (P1 = P2 = 4):
+    # PS  = 2 * 500 * 800 * (4 + 4 - 2) / 4 = 1,200,000 floats
+    # SFB = 2 * 64 * (4 - 1) * (500 + 800)   =   499,200 floats  -> SFB
+    assert cost.ps_floats(500, 800, 4, 4) == 1_200_000
+    assert cost.sfb_floats(64, 500, 800, 4) == 499_200
+    # on 16 nodes the broadcast to 15 peers costs more than the server: PS
+    assert cost.ps_floats(500, 800, 16, 16) == 1_500_000
+    assert cost.sfb_floats(64, 500, 800, 16) == 2_496_000
+
+
+def test_rule_worked_numbers_alexnet_fc6():
+    # AlexNet's fc6: W is 4096 x 9216, K = 256 per node, 8 nodes:
+    # PS  = 2 * 4096 * 9216 * 14 / 8   = 132,120,576 floats (528 MB per iteration per node)
+    # SFB = 2 * 256 * 7 * (4096 + 9216) =  47,710,208 floats (191 MB)
+    assert cost.ps_floats(4096, 9216, 8, 8) == 132_120_576
+    assert cost.sfb_floats(256, 4096, 9216, 8) == 47_710_208
+    # the crossover: SFB stays cheaper while 2K(P-1)(M+N) <= 4MN(P-1)/P, i.e. K P <= 2MN/(M+N)
+    crossover = 2 * 4096 * 9216 / (4096 + 9216)
+    for p in (2, 4, 8, 16, 32):
+        sfb_wins = cost.sfb_floats(256, 4096, 9216, p) <= cost.ps_floats(4096, 9216, p, p)
+        assert sfb_wins == (256 * p <= crossover), p
+
+
+def lenet_net():
+    from minicaffe.parallel import with_synthetic_data
+    from minicaffe.tools.common import resolve_net
+
+    param = with_synthetic_data(proto.parse_file(resolve_net("lenet", "train_test"), "NetParameter"), count=128)
+    return caffe.Net(param, caffe.TRAIN)
+
+
+def test_plan_of_lenet():
+    net = lenet_net()
+    plans = {c.name: c for c in cost.plan(net, 4)}
+    assert list(plans) == ["conv1", "conv2", "ip1", "ip2"]
+    ip1, ip2 = plans["ip1"], plans["ip2"]
+    assert (ip1.m, ip1.n, ip1.k) == (500, 800, 64)
+    assert ip1.choice == "sfb" and ip1.floats == 499_200 and ip1.bytes == 4 * 499_200
+    # ip2 (10 x 500): PS = 15,000 < SFB = 195,840; its bias (10 floats) adds 2 * 10 * 6 / 4 = 30
+    assert ip2.choice == "ps" and ip2.ps_rule == 15_000 and ip2.floats == 15_030
+    assert plans["conv1"].choice == "ps" and plans["conv1"].floats == 2 * 520 * 6 / 4
+    assert all(c.choice == "ps" for c in cost.plan(net, 4, comm="ps"))
+    assert [c.choice for c in cost.plan(net, 4, comm="sfb")] == ["ps", "ps", "sfb", "sfb"]
+    assert {c.name: c.choice for c in cost.plan(net, 16)}["ip1"] == "ps"
+    # threads in a node add rows: K = 64 x 2 workers
+    assert {c.name: c.k for c in cost.plan(net, 4, workers=2)}["ip1"] == 128
+    text = cost.format_plan(cost.plan(net, 4), 4)
+    assert "ip1" in text and "SFB" in text and "1,200,000" in text and "499,200" in text
+
+
+def test_plan_refuses_bad_mode_and_shared_weights():
+    with pytest.raises(MinicaffeError, match="--comm"):
+        cost.plan(lenet_net(), 4, comm="allreduce")
+    text = """
+    name: "tied" input: "data" input_shape { dim: 4 dim: 6 }
+    layer { name: "a" type: "InnerProduct" bottom: "data" top: "a" param { name: "w" }
+            inner_product_param { num_output: 6 bias_term: false weight_filler { type: "xavier" } } }
+    layer { name: "b" type: "InnerProduct" bottom: "a" top: "b" param { name: "w" }
+            inner_product_param { num_output: 6 bias_term: false } }
+    layer { name: "l" type: "EuclideanLoss" bottom: "b" bottom: "data" top: "l" }
+    """
+    net = caffe.Net(text, caffe.TRAIN)
+    plans = cost.plan(net, 4, comm="sfb")
+    assert [(c.name, c.choice) for c in plans] == [("a", "ps")]
+    assert "shares its parameters" in plans[0].reason
+
+
+def test_cost_cli(capsys):
+    assert cost.main(["lenet", "--nodes", "2", "16", "--synthetic"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("HybComm plan") == 2 and "800,000" in out and "2,496,000" in out
+    assert cost.main(["no_such_net"]) == 1
+    assert "no net 'no_such_net'" in capsys.readouterr().err
+
+
+# -- sufficient factors ---------------------------------------------------------------------------
+def test_rebuilt_gradient_equals_the_layers_own():
+    net = mlp(8)
+    set_batch(net, *batch_of(8))
+    idx = [net.layer_names.index(n) for n in FC]
+    capture = sfb.FactorCapture(net, idx)
+    net.clear_param_diffs()
+    net.forward_backward()
+    own = gradients(net, FC)
+    for name, i in zip(FC, idx):
+        f = capture.take(i)
+        layer = net.layers[i]
+        m = layer.param.inner_product_param.num_output
+        assert f.u.shape[1] == m
+        assert f.rows == (24 if name == "ipa" else 8)  # axis 2: 8 images x 3 positions
+        wg = np.empty_like(layer.blobs[0].diff)
+        bg = np.empty_like(layer.blobs[1].diff)
+        sfb.rebuild(f, wg, bg, transpose=(name == "ipb"), gemm=net.backend.gemm)
+        assert rel_err(wg, own[name][0]) < 1e-5, name
+        assert rel_err(bg, own[name][1]) < 1e-5, name
+        # numpy's matmul (no backend) gives the same answer
+        sfb.rebuild(f, wg, bg, transpose=(name == "ipb"))
+        assert rel_err(wg, own[name][0]) < 1e-5, name
+    capture.close()
+    with pytest.raises(LayerError, match="no factors captured"):
+        capture.take(idx[0])
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_factors_of_several_nodes_rebuild_the_concatenated_batch(nodes):
+    k = 4
+    x, y = batch_of(k * nodes, seed=nodes)
+    whole = mlp(k * nodes)
+    set_batch(whole, x, y)
+    whole.clear_param_diffs()
+    whole.forward_backward()
+    want = gradients(whole, FC)
+
+    node = mlp(k)  # same seed: the same initial weights as `whole`
+    idx = [node.layer_names.index(n) for n in FC]
+    capture = sfb.FactorCapture(node, idx)
+    parts = {i: [] for i in idx}
+    for p in range(nodes):
+        set_batch(node, x[p * k : (p + 1) * k], y[p * k : (p + 1) * k])
+        node.clear_param_diffs()
+        node.forward_backward()
+        for i in idx:
+            parts[i].append(capture.take(i))
+    for name, i in zip(FC, idx):
+        # each node's loss is normalized by its own K rows; the whole batch's by nodes x K
+        sfb.rebuild_into_layer(node, i, sfb.SufficientFactors.concatenate(parts[i]), alpha=1.0 / nodes)
+        got = [b.diff for b in node.layers[i].blobs]
+        for j in range(2):
+            assert rel_err(got[j], want[name][j]) < 1e-5, (name, j, rel_err(got[j], want[name][j]))
+
+
+def test_factor_capture_refuses_layers_without_factors():
+    net = mlp(4)
+    with pytest.raises(LayerError, match="InnerProduct layers only"):
+        sfb.FactorCapture(net, ["relua"])
+    frozen = MLP.replace("param { lr_mult: 1 } param { lr_mult: 2 }", "param { lr_mult: 0 } param { lr_mult: 0 }")
+    net = caffe.Net(frozen.replace("BATCH", "4"), caffe.TRAIN)
+    with pytest.raises(LayerError, match="lr_mult 0"):
+        sfb.FactorCapture(net, ["ipc"])
+    f = sfb.SufficientFactors(np.zeros((3, 2), np.float32), np.zeros((3, 5), np.float32))
+    with pytest.raises(ValueError, match=r"\(2, 5\)"):
+        sfb.rebuild(f, np.zeros((5, 2), np.float32))
+
+
+def test_factors_accumulate_over_iter_size():
+    # two backward passes before a take: the rows concatenate, as the layer's diff accumulates
+    net = mlp(4)
+    i = net.layer_names.index("ipc")
+    capture = sfb.FactorCapture(net, [i])
+    net.clear_param_diffs()
+    for s in range(2):
+        set_batch(net, *batch_of(4, seed=10 + s))
+        net.forward_backward()
+    f = capture.take(i)
+    assert f.rows == 8
+    wg, bg = np.empty_like(net.layers[i].blobs[0].diff), np.empty_like(net.layers[i].blobs[1].diff)
+    sfb.rebuild(f, wg, bg)
+    assert rel_err(wg, net.layers[i].blobs[0].diff) < 1e-5
+    assert rel_err(bg, net.layers[i].blobs[1].diff) < 1e-5

@@ -1,0 +1,179 @@
+"""The event model of python -m minicaffe.dist.simulate: known answers of the schedule, the FLOP
+model against hand counts, the GPU plan and the command line."""
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minicaffe.dist import cost
+from minicaffe.dist import simulate as sim
+from minicaffe.errors import MinicaffeError
+
+FREE = sim.Link(math.inf, 0.0)
+
+
+def chain(*spec):
+    """Layers from (forward, backward, count) tuples; FC when a 4th (m, n, k) is given."""
+    out = []
+    for j, s in enumerate(spec):
+        lay = sim.Layer(f"l{j}", s[0], s[1], s[2])
+        if len(s) > 3:
+            lay.m, lay.n, lay.k = s[3]
+        out.append(lay)
+    return out
+
+
+def test_units():
+    assert sim.parse_rate("1gbit") == 125e6
+    assert sim.parse_rate("10Gbit") == 1.25e9
+    assert sim.parse_rate("100mbit") == 12.5e6
+    assert sim.parse_seconds("0.1ms") == pytest.approx(1e-4)
+    assert sim.parse_seconds("50us") == pytest.approx(5e-5)
+    with pytest.raises(MinicaffeError, match="bandwidth 'fast'"):
+        sim.parse_rate("fast")
+
+
+@pytest.mark.parametrize("comm", cost.COMM_MODES)
+@pytest.mark.parametrize("wfbp", [False, True])
+def test_a_free_network_gives_linear_speedup(comm, wfbp):
+    layers = chain((1e-3, 2e-3, 1000), (1e-3, 1e-3, 0), (2e-3, 4e-3, 5000, (50, 100, 8)))
+    layers[2].wgrad = 0.0  # a free network and a free SFB rebuild: nothing but compute is left
+    for p in (1, 2, 4, 32):
+        s, r = sim.speedup(layers, p, FREE, comm, wfbp)
+        assert s == pytest.approx(p), (comm, wfbp, p)
+        assert r.period == pytest.approx(sum(l.forward + l.backward for l in layers))
+        assert r.waiting == pytest.approx(0.0, abs=1e-12)
+
+
+def test_sfb_rebuild_costs_p_weight_gradients():
+    # over a free network SFB still rebuilds from P nodes' rows: P x the layer's dW GEMM (here 2 ms)
+    layers = chain((1e-3, 4e-3, 5000, (50, 100, 8)))
+    for p in (2, 4):
+        r = sim.simulate(layers, p, FREE, "sfb", wfbp=False)
+        assert r.period == pytest.approx(5e-3 + p * 2e-3)
+
+
+def test_one_layer_has_nothing_to_overlap():
+    # one layer: its sync starts when the backward ends and the next forward needs it
+    link = sim.Link(1e6, 1e-3)  # 1 MB/s, 1 ms
+    layers = chain((0.010, 0.020, 25_000))
+    for p in (2, 4):
+        nbytes = cost.ps_floats(25_000, 1, p, p) * 4
+        want = 0.030 + 2 * 1e-3 + nbytes / 2 / 1e6
+        for wfbp in (False, True):
+            r = sim.simulate(layers, p, link, "ps", wfbp)
+            assert r.period == pytest.approx(want), (p, wfbp)
+            assert r.bytes == pytest.approx(nbytes)
+
+
+def test_wfbp_hides_the_top_layers_sync_behind_the_backward_below():
+    # two layers: the top one's sync (10 ms) fits inside the bottom one's backward (20 ms)
+    link = sim.Link(math.inf, 5e-3)  # only latency: PS costs 2 x 5 ms per layer
+    layers = chain((0.001, 0.020, 10), (0.001, 0.001, 10))
+    off = sim.simulate(layers, 2, link, "ps", wfbp=False)
+    on = sim.simulate(layers, 2, link, "ps", wfbp=True)
+    compute = 0.001 + 0.001 + 0.020 + 0.001
+    assert off.period == pytest.approx(compute + 0.020)  # two syncs after the backward
+    assert on.period == pytest.approx(compute + 0.010)  # only the bottom layer's sync shows
+    assert on.waiting == pytest.approx(0.010 / on.period)
+
+
+def test_sfb_and_ps_bytes_follow_the_cost_rule():
+    layers = chain((1e-3, 1e-3, 500 * 800 + 500, (500, 800, 64)))
+    for p in (2, 4, 16):
+        ps = sim.simulate(layers, p, FREE, "ps").bytes
+        sfb_ = sim.simulate(layers, p, FREE, "sfb").bytes
+        hyb = sim.simulate(layers, p, FREE, "hybrid").bytes
+        assert ps == pytest.approx(cost.ps_floats(500 * 800 + 500, 1, p, p) * 4)
+        assert sfb_ == pytest.approx(cost.sfb_floats(64, 500, 800, p) * 4)
+        assert hyb == min(ps, sfb_) or (p == 16 and hyb == ps)
+    # the SFB rebuild is P times the layer's own weight-gradient GEMM, on the communication thread
+    assert sim.sync_cost(layers[0], "sfb", 4, FREE)[1] == pytest.approx(4 * 0.5e-3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(1e-5, 1e-2),
+            st.floats(1e-5, 1e-2),
+            st.integers(0, 200_000),
+            st.booleans(),
+            st.integers(1, 64),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(1, 32),
+    st.floats(1e6, 1e10),
+    st.floats(0, 1e-3),
+    st.sampled_from(cost.COMM_MODES),
+)
+def test_wfbp_is_never_slower(spec, nodes, bandwidth, latency, comm):
+    layers = []
+    for j, (f, b, count, fc, k) in enumerate(spec):
+        lay = sim.Layer(f"l{j}", f, b, count, update=count * 1e-9)
+        if fc and count:
+            lay.m, lay.n, lay.k = 1, count, k
+        layers.append(lay)
+    link = sim.Link(bandwidth, latency)
+    on = sim.simulate(layers, nodes, link, comm, True)
+    off = sim.simulate(layers, nodes, link, comm, False)
+    assert on.period <= off.period * (1 + 1e-9)
+    assert on.period >= on.compute * (1 - 1e-9)  # never faster than the compute alone
+
+
+def test_flop_model_counts_lenet_by_hand():
+    rows = {r["name"]: r for r in sim.flops_model("nets/lenet.prototxt", 64)}
+    # conv1: 20 maps of 24x24, each 1x5x5 taps, batch 64; conv2: 50 maps of 8x8, 20x5x5 taps
+    assert rows["conv1"]["forward_flops"] == 2 * 64 * 20 * 24 * 24 * 25
+    assert rows["conv2"]["forward_flops"] == 2 * 64 * 50 * 8 * 8 * 500
+    assert (rows["ip1"]["m"], rows["ip1"]["n"], rows["ip1"]["k"]) == (500, 800, 64)
+    assert rows["ip1"]["count"] == 500 * 800 + 500
+    assert rows["ip1"]["backward_flops"] == 2 * rows["ip1"]["forward_flops"]
+    assert sum(r["count"] for r in rows.values()) == 431_080  # LeNet's parameter count
+
+
+def test_flop_model_of_the_planned_nets():
+    alex = {r["name"]: r for r in sim.flops_model("nets/caffenet_deploy.prototxt", 1)}
+    assert (alex["fc6"]["m"], alex["fc6"]["n"]) == (4096, 9216)
+    assert sum(r["count"] for r in alex.values()) == 60_965_224  # CaffeNet's published count
+    vgg = sim.flops_model("nets/vgg16_deploy.prototxt", 1)
+    assert sum(r["count"] for r in vgg) == 138_357_544  # VGG-16's published count
+    assert sum(r["forward_flops"] for r in vgg) == pytest.approx(30.94e9, rel=1e-3)  # 15.5 G multiply-adds
+
+
+def test_plan_prints_both_nets_and_the_published_figures(tmp_path):
+    lines = []
+    png = tmp_path / "plan.png"
+    panels = sim.plan(nodes_list=(1, 8, 16), png=str(png), out=lines.append)
+    text = "\n".join(lines)
+    assert "alexnet" in text and "vgg16" in text and "4.5x" in text and "15.5x" in text
+    assert png.stat().st_size > 10_000
+    for _, table in panels:
+        for (comm, wfbp), rows in table.items():
+            for p, s, r in rows:
+                assert 0 < s <= p * 1.05, (comm, wfbp, p, s)  # the overlapped update may beat linear a little
+
+
+def test_cli_with_a_times_file(tmp_path, capsys):
+    times = tmp_path / "t.json"
+    times.write_text(
+        json.dumps(
+            [
+                {"name": "conv", "forward": 2.0, "backward": 4.0, "count": 5000},
+                {"name": "fc", "forward": 1.0, "backward": 2.0, "count": 400_500, "m": 500, "n": 800, "k": 64},
+            ]
+        )
+    )
+    png, tl = tmp_path / "s.png", tmp_path / "tl.png"
+    assert sim.main(["--times", str(times), "--nodes", "1", "2", "4", "--png", str(png), "--timeline", str(tl)]) == 0
+    out = capsys.readouterr().out
+    assert "hybrid+WFBP" in out and "1 Gbit/s" in out and "10 Gbit/s" in out
+    assert png.exists() and tl.exists()
+    assert sim.main(["--times", str(tmp_path / "missing.json")]) == 1
+    assert "cannot read it" in capsys.readouterr().err
+    assert sim.main([]) == 1
