@@ -1,6 +1,5 @@
 """The command-line tools, run in-process on a tiny net with a registered dataset."""
 
-import json
 import os
 
 import numpy as np
@@ -47,14 +46,14 @@ def test_train_writes_snapshots_log_and_curves(solver_file, tmp_path, capsys):
         "toy_iter_5.solverstate",
         "toy_iter_10.caffemodel",
         "toy_iter_10.solverstate",
-        "train_log.json",
+        "train_log.jsonl",
         "curves.png",
     } <= files
-    log = json.loads((out / "train_log.json").read_text())
+    log = train.read_log(str(out))
     assert log["train"]["iter"] == list(range(10))
     assert [t["iter"] for t in log["test"]] == [0, 5, 10]
     assert log["test"][-1]["outputs"]["accuracy"] > 0.5
-    assert log["versions"]["numpy"] == np.__version__
+    assert log["runs"][0]["versions"]["numpy"] == np.__version__
     text = capsys.readouterr().out
     assert "Iteration 5 (" in text and "Test net output #0: accuracy = " in text
     assert "Trained 10 iterations in" in text
@@ -68,10 +67,12 @@ def test_resume_continues_exactly(solver_file, tmp_path):
         train.main([solver_file, "--output", str(part), "--resume", str(part / "toy_iter_5.solverstate"), "--no-plot"])
         == 0
     )
-    a = json.loads((full / "train_log.json").read_text())["train"]
-    b = json.loads((part / "train_log.json").read_text())["train"]
-    assert b["iter"] == list(range(5, 10))
-    assert b["loss"] == a["loss"][5:]
+    a, b = train.read_log(str(full)), train.read_log(str(part))
+    # one log for the whole run: the history before the resume point is kept
+    assert b["train"]["iter"] == list(range(10))
+    assert b["train"]["loss"] == a["train"]["loss"]
+    assert [(t["iter"], t["outputs"]) for t in b["test"]] == [(t["iter"], t["outputs"]) for t in a["test"]]
+    assert [r["resumed_at"] for r in b["runs"]] == [None, 5]
     from minicaffe.io import read_weight_arrays
 
     for layer, blobs in read_weight_arrays(str(full / "toy_iter_10.caffemodel")).items():
@@ -87,7 +88,7 @@ def test_diverging_run_stops_and_keeps_snapshot(solver_file, tmp_path, capsys):
     assert train.main([str(bad), "--output", str(out), "--no-plot"]) == 1
     printed = capsys.readouterr().out
     assert "ERROR: loss is" in printed and "training diverged" in printed
-    assert "train_log.json" in os.listdir(out)
+    assert "train_log.jsonl" in os.listdir(out)
 
 
 def test_train_errors_are_one_line(tmp_path, capsys):
@@ -126,7 +127,7 @@ def test_train_with_worker_threads(solver_file, tmp_path, capsys):
     assert train.main([solver_file, "--output", str(out), "--workers", "2", "--no-plot"]) == 0
     text = capsys.readouterr().out
     assert "Training with 2 worker thread(s) (BSP)" in text and "Parallel: 10 iterations" in text
-    log = json.loads((out / "train_log.json").read_text())
+    log = train.read_log(str(out))
     assert log["train"]["iter"] == list(range(10))
     assert log["test"][-1]["outputs"]["accuracy"] > 0.5
     assert train.main([solver_file, "--output", str(out), "--workers", "0"]) == 1

@@ -24,10 +24,11 @@ Where runtimes join a solver (declared seams; a runtime never replaces a solver'
   the diffs are cleared, before its gradients are computed), ``on_gradients_ready(solver)`` (the
   iteration's gradients, summed over iter_size, are in the learnable parameters' diffs; the
   update has not run), ``on_iteration(solver, loss, lr)`` (after the update; ``solver.iter`` is
-  the next iteration), ``on_test(solver, index, result)`` and ``on_snapshot(solver, weights,
-  state)``.  Callbacks run in the order they were added.  The lists ``solver.on_iteration``,
-  ``on_test`` and ``on_snapshot`` take plain functions of the same arguments; they run after the
-  callback objects.
+  the next iteration), ``on_test_start(solver, index)`` (before test net ``index`` runs),
+  ``on_test(solver, index, result)`` and ``on_snapshot(solver, weights, state)``.  Callbacks run
+  in the order they were added.  The lists ``solver.on_iteration``, ``on_test_start``, ``on_test``
+  and ``on_snapshot`` take plain functions of the same arguments; they run after the callback
+  objects.
 - **the gradient source**: ``solver.set_gradient_source(fn)``: ``fn()`` computes one batch's
   loss and leaves its gradients *added* to the parameters' diffs (the default is
   ``net.forward_backward``; the threaded runtime's gathers the workers' gradients).
@@ -63,7 +64,7 @@ from . import lr_policy
 
 STATE_FORMAT = "minicaffe-solverstate-1"
 #: what a callback object given to ``Solver.add_callback`` may define (Caffe's Solver::Callback + three)
-CALLBACK_METHODS = ("on_start", "on_gradients_ready", "on_iteration", "on_test", "on_snapshot")
+CALLBACK_METHODS = ("on_start", "on_gradients_ready", "on_iteration", "on_test_start", "on_test", "on_snapshot")
 
 
 def load_solver_param(source):
@@ -109,6 +110,8 @@ class Solver:
         self.callbacks = []
         self._gradient_source = None
         self._updater = None
+        self.on_test_start = []  # callbacks (solver, test net index) before a test runs
+        self._display_mark = None  # (clock, iteration) of the last display line + where step() ended
         self.requested_stop = False
         p = self.param
         lr_policy.check(p, "solver")
@@ -236,7 +239,8 @@ class Solver:
         start_iter, stop_iter = self.iter, self.iter + int(iters)
         average = max(p.average_loss, 1)
         self.losses, self.smoothed_loss = [], 0.0
-        tick, last_iter = time.perf_counter(), self.iter
+        if self._display_mark is None or self._display_mark[2] != self.iter:  # not where the last step() ended
+            self._display_mark = (time.perf_counter(), self.iter, None)
         while self.iter < stop_iter and not self.requested_stop:
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
@@ -254,14 +258,16 @@ class Solver:
             self._update_smoothed_loss(loss, start_iter, average)
             display = p.display and self.iter % p.display == 0
             if display:
+                # the pace since the last display line, also when step(1) is called in a loop
                 now = time.perf_counter()
+                tick, last_iter, _ = self._display_mark
                 lapse = now - tick
                 rate = (self.iter - last_iter) / lapse if lapse > 0 else 0.0
                 self.log(
                     f"Iteration {self.iter} ({rate:.4g} iter/s, {lapse:.4g}s/{p.display} iters), "
                     f"loss = {self.smoothed_loss:.6g}"
                 )
-                tick, last_iter = now, self.iter
+                self._display_mark = (now, self.iter, None)
                 for line in self._output_lines(self.net, "Train"):
                     self.log(line)
             self._call("on_gradients_ready")
@@ -272,6 +278,7 @@ class Solver:
                 cb(self, loss, lr)
             if p.snapshot and self.iter % p.snapshot == 0:
                 self.snapshot()
+        self._display_mark = self._display_mark[:2] + (self.iter,)
 
     def solve(self, resume_file=None):
         p = self.param
@@ -326,6 +333,9 @@ class Solver:
     def test(self, index=0):
         """Run test net ``index`` for test_iter[index] batches; log and return {output: mean}."""
         net, n = self.test_nets[index], self.param.test_iter[index]
+        self._call("on_test_start", index)
+        for cb in self.on_test_start:
+            cb(self, index)
         self.log(f"Iteration {self.iter}, Testing net (#{index})")
         net.share_with(self.net)
         sums = {}

@@ -93,17 +93,133 @@ def fmt_seconds(s):
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-class Progress:
-    """A one-line progress bar with ETA, redrawn in place on a terminal (stderr)."""
+class Eta:
+    """The remaining time of a run: the training iterations left at their measured pace, plus the
+    tests still to come at their measured cost.
 
-    def __init__(self, total, start=0, stream=None, width=28):
+    What makes a naive ``elapsed / done * left`` wrong, and what this does instead:
+
+    - numba compiles every kernel on its first call (a first run only; later runs load the
+      compiled code from numba's cache), so the first iteration and the first test of a process
+      can take seconds: the first ``warmup`` iterations and the first test are left out of the
+      pace;
+    - the pace is measured over the recent half of the iterations, so it follows a machine whose
+      load changes (a steady machine is where the estimate is right; nothing predicts new load);
+    - the time spent testing is not training time: tests are timed apart, and each remaining
+      test (every ``test_interval`` iterations, and the final one) is added at its own cost.
+      Until a test without compilation has been timed, a test is guessed to cost ``test_cost``
+      training iterations (the tool computes it from the test batches), capped by the first
+      test's time.
+
+    ``clock`` is any function returning seconds (tests drive it with a synthetic clock).
+    """
+
+    def __init__(self, total, start=0, test_interval=0, test_cost=0.0, final_test=True, warmup=1, clock=None):
+        self.total, self.start = total, start
+        self.test_interval, self.test_cost, self.final_test = test_interval, test_cost, final_test
+        self.clock = clock or time.perf_counter
+        self.warmup = warmup
+        self.iter = start
+        self.train_seconds, self.train_iters = 0.0, 0  # after warm-up
+        self.cumulative = [0.0]  # training seconds after each post-warm-up iteration
+        self.seen = 0  # iterations completed in this process
+        self.first_test = None  # seconds of the first test of this process (compilation included)
+        self.test_seconds = []  # the later tests
+        self.last_test_iter = None
+        self._mark = None  # clock at the end of the previous iteration (or test)
+        self._test_t0 = None
+
+    def begin(self):
+        """Training (or its first test) starts now."""
+        self._mark = self.clock()
+
+    def iteration(self, it):
+        """Iteration ``it - 1`` has finished (``it`` = the solver's iteration count now)."""
+        now = self.clock()
+        if self._mark is not None:
+            self.seen += 1
+            if self.seen > self.warmup:
+                self.train_seconds += now - self._mark
+                self.train_iters += 1
+                self.cumulative.append(self.train_seconds)
+        self._mark = now
+        self.iter = it
+
+    def test_begin(self):
+        self._test_t0 = self.clock()
+
+    def test_end(self, it):
+        now = self.clock()
+        if self._test_t0 is not None:
+            spent = now - self._test_t0
+            if self.first_test is None:
+                self.first_test = spent
+            else:
+                self.test_seconds.append(spent)
+        self.last_test_iter = it
+        self._test_t0 = None
+        if self._mark is not None:
+            self._mark = now  # the test is not part of the next iteration's time
+
+    def seconds_per_iteration(self):
+        """The pace of the recent half of the iterations (at least 20): it follows a machine whose
+        load changes, and averages over enough iterations to be steady."""
+        n = self.train_iters
+        if not n:
+            return None
+        window = min(n, max(20, n // 2))
+        return (self.cumulative[n] - self.cumulative[n - window]) / window
+
+    def seconds_per_test(self):
+        per_iter = self.seconds_per_iteration()
+        if self.test_seconds:
+            return sum(self.test_seconds) / len(self.test_seconds)
+        guess = self.test_cost * per_iter if per_iter is not None else None
+        if self.first_test is not None:
+            return self.first_test if guess is None else min(self.first_test, guess)
+        return guess
+
+    def tests_left(self):
+        if not self.test_interval:
+            return 0
+        k = self.test_interval
+        first = -(-self.iter // k) * k  # the first multiple of k at or after iter
+        n = len(range(first, self.total, k))
+        if self.last_test_iter == first and first < self.total:
+            n -= 1  # the test at this iteration has run already
+        if self.final_test and self.last_test_iter != self.total:
+            n += 1
+        return n
+
+    def remaining(self):
+        """Seconds left, or None while there is nothing to measure the pace by."""
+        per_iter = self.seconds_per_iteration()
+        if per_iter is None:
+            return None
+        left = max(self.total - self.iter, 0) * per_iter
+        tests = self.tests_left()
+        if tests:
+            left += tests * (self.seconds_per_test() or 0.0)
+        return left
+
+
+class Progress:
+    """A one-line progress bar redrawn in place on a terminal (stderr): the phase the run is in
+    (setting up, testing, training), iterations, pace and the time left (see :class:`Eta`)."""
+
+    def __init__(self, total, start=0, stream=None, width=28, eta=None):
         self.stream = stream or sys.stderr
         self.total, self.done, self.start_done = total, start, start
         self.width = width
-        self.t0 = time.perf_counter()
+        self.eta = eta
+        self.phase = "setting up"
         self.extra = ""
         self.enabled = self.stream.isatty()
         self._last = 0.0
+
+    def set_phase(self, phase):
+        self.phase = phase
+        self.redraw()
 
     def update(self, done, extra=""):
         self.done, self.extra = done, extra
@@ -115,14 +231,14 @@ class Progress:
     def line(self):
         frac = min(self.done / self.total, 1.0) if self.total else 1.0
         filled = int(frac * self.width)
-        elapsed = time.perf_counter() - self.t0
-        n = self.done - self.start_done
-        eta = elapsed / n * (self.total - self.done) if n > 0 else 0.0
-        per = f"{1000 * elapsed / n:.1f} ms/it" if n > 0 else "-- ms/it"
+        per = self.eta.seconds_per_iteration() if self.eta else None
+        left = self.eta.remaining() if self.eta else None
+        pace = f"{1000 * per:.1f} ms/it" if per is not None else "-- ms/it"
+        eta = f"ETA {fmt_seconds(left)}" if left is not None else "ETA --"
         return (
-            f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-            f"{per} ETA {fmt_seconds(eta)} {self.extra}"
-        )
+            f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {self.phase}, "
+            f"{pace}, {eta} {self.extra}"
+        ).rstrip()
 
     def redraw(self):
         if self.enabled:

@@ -1,42 +1,84 @@
 """``python -m minicaffe.train lenet``: train a net as ``caffe train --solver=...`` does.
 
     python -m minicaffe.train lenet                      # nets/lenet_solver.prototxt, real MNIST
-    python -m minicaffe.train path/to/solver.prototxt --iters 500 --seed 3 --output runs/x
-    python -m minicaffe.train lenet --resume runs/lenet/lenet_iter_5000.solverstate
-    python -m minicaffe.train lenet --weights pretrained.caffemodel   # fine-tune
+    python -m minicaffe.train path/to/solver.prototxt --iters 500 --seed 3
+    python -m minicaffe.train lenet --resume runs/lenet/latest          # continue the last run
+    python -m minicaffe.train lenet --weights pretrained.caffemodel    # fine-tune
+    python -m minicaffe.train lenet --output runs/mine --force          # reuse a directory
 
-Writes into the output directory (default ``runs/<name>``): snapshots (``*.caffemodel`` +
-``*.solverstate``, atomically), ``train_log.json`` (every iteration's loss and lr, every test,
-the versions and settings) and ``curves.png`` (train/test loss and test accuracy against
-iterations and seconds).  Ctrl-C stops after the current iteration and snapshots.
+Each run gets a directory of its own, runs/<name>/<date>-<time>/ (runs/<name>/latest points to
+the newest); --output DIR names it instead (refused if DIR holds files, unless --force).
+Nothing is written until the nets are built and the weights or state are loaded, so a run that
+cannot start leaves nothing behind.  A run directory holds the snapshots (<prefix>_iter_N.caffemodel
++ .solverstate, written atomically), train_log.jsonl (one JSON record per line, appended as the run
+goes: each iteration's loss, lr and time, each test, each snapshot) and curves.png.  --resume
+continues in the snapshot's directory, in the same log and plot.  Ctrl-C or SIGTERM stops after
+the current iteration, writes a snapshot and prints the command that resumes the run.
 """
 
 import argparse
 import json
 import os
+import re
+import shlex
 import signal
 import sys
 import time
+import zipfile
 
 from .. import backend as _backend
 from ..errors import MinicaffeError, SolverError
 from ..io import atomic_write
-from .common import Logger, Progress, banner, fmt_seconds, resolve_solver, versions
+from .common import Eta, Logger, Progress, banner, fmt_seconds, resolve_solver, versions
+
+LOG_NAME = "train_log.jsonl"
+PLOT_NAME = "curves.png"
+TEMP_PREFIX = ".tmp-"  # what minicaffe.io.atomic_write names its temporaries
+FLUSH_SECONDS = 5.0  # the log reaches the disk at least this often (and at every display line)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, keeping the options it defines (``options``) to rebuild a command line."""
+
+    def __init__(self, *args, **kwargs):
+        self.options = []
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        if action.option_strings:
+            self.options.append(action)
+        return action
 
 
 def build_parser():
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m minicaffe.train",
         description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("solver", help="a short name from nets/ (lenet, cifar10_quick, ...) or a solver prototxt")
-    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where to train (default cpu)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        help="where to train; wins over the solver's solver_mode (default: the solver's solver_mode, else cpu)",
+    )
     p.add_argument("--iters", type=int, help="stop after this many iterations (overrides max_iter)")
     p.add_argument("--seed", type=int, help="random seed (overrides the solver's random_seed)")
     p.add_argument("--weights", help="initialize from these weights (.caffemodel or .npz)")
-    p.add_argument("--resume", help="continue from a .solverstate written by a snapshot")
-    p.add_argument("--output", help="output directory (default runs/<name>)")
+    p.add_argument(
+        "--resume",
+        help="continue from a .solverstate written by a snapshot (or a run directory: its last complete snapshot)",
+    )
+    p.add_argument(
+        "--output", help="the run directory (default: runs/<name>/<date>-<time>, linked as runs/<name>/latest)"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let --output name a directory that holds files; the earlier run's snapshots, log and curves there are deleted",
+    )
     p.add_argument("--data-dir", help="where datasets are cached (default: $MINICAFFE_DATA or ~/.cache/minicaffe)")
     p.add_argument("--snapshot", type=int, help="snapshot every N iterations (overrides the solver)")
     p.add_argument("--test-interval", type=int, help="test every N iterations (overrides the solver; 0 = never)")
@@ -56,46 +98,283 @@ def build_parser():
     return p
 
 
-class RunRecord:
-    """Everything the run measured, for train_log.json and curves.png."""
+# -- the run directory -----------------------------------------------------------------------------
+SNAPSHOT_RE = re.compile(r"^(?P<prefix>.+)_iter_(?P<iter>\d+)\.solverstate$")
 
-    def __init__(self, solver_path, args):
-        self.t0 = time.perf_counter()
-        self.data = {
-            "solver": solver_path,
-            "args": {k: v for k, v in vars(args).items()},
-            "versions": versions(),
-            "train": {"iter": [], "loss": [], "lr": [], "seconds": []},
-            "test": [],
-        }
 
-    def on_iteration(self, solver, loss, lr):
-        t = self.data["train"]
-        t["iter"].append(solver.iter - 1)
-        t["loss"].append(loss)
-        t["lr"].append(lr)
-        t["seconds"].append(time.perf_counter() - self.t0)
+def snapshots(out_dir):
+    """[(iteration, state path)] of the complete snapshots in ``out_dir``, oldest first.
 
-    def on_test(self, solver, index, result):
-        self.data["test"].append(
-            {"iter": solver.iter, "net": index, "seconds": time.perf_counter() - self.t0, "outputs": result}
+    Complete means: not a temporary of an interrupted write (``.tmp-*``), its ``.caffemodel`` is
+    there, and the state is a whole zip archive holding its record.  A crash in the middle of a
+    snapshot leaves only a temporary, which is never chosen.
+    """
+    if not os.path.isdir(out_dir):
+        return []
+    found = []
+    for f in os.listdir(out_dir):
+        m = SNAPSHOT_RE.match(f)
+        if not m or f.startswith(TEMP_PREFIX):
+            continue
+        path = os.path.join(out_dir, f)
+        weights = os.path.join(out_dir, f"{m['prefix']}_iter_{m['iter']}.caffemodel")
+        if os.path.isfile(weights) and _complete_state(path):
+            found.append((int(m["iter"]), path))
+    return sorted(found)
+
+
+def _complete_state(path):
+    try:
+        with zipfile.ZipFile(path) as z:
+            return "record.npy" in z.namelist() and z.testzip() is None
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return False
+
+
+def last_snapshot(out_dir):
+    """The state file of the newest complete snapshot in ``out_dir``, or None."""
+    found = snapshots(out_dir)
+    return found[-1][1] if found else None
+
+
+def clean_temporaries(out_dir, log):
+    """Delete the temporaries an interrupted snapshot or log write left in ``out_dir``."""
+    if not os.path.isdir(out_dir):
+        return
+    for f in sorted(os.listdir(out_dir)):
+        if f.startswith(TEMP_PREFIX):
+            os.unlink(os.path.join(out_dir, f))
+            log(f"Removed {f}: the temporary of a write that did not finish (a crash or a kill)")
+
+
+def run_files(out_dir):
+    """The files of a run minicaffe wrote in ``out_dir`` (what --force deletes)."""
+    if not os.path.isdir(out_dir):
+        return []
+    ours = re.compile(r".+_iter_\d+\.(caffemodel|solverstate)$")
+    return sorted(
+        f
+        for f in os.listdir(out_dir)
+        if f in (LOG_NAME, PLOT_NAME, "train_log.json") or ours.match(f) or f.startswith(TEMP_PREFIX)
+    )
+
+
+def new_run_dir(base):
+    """runs/<name>/<YYYYmmdd-HHMMSS>[-k]: created here (mkdir is atomic), never an existing one."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    os.makedirs(base, exist_ok=True)
+    for k in range(1, 1000):
+        path = os.path.join(base, stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise MinicaffeError(f"cannot create a new run directory in {base}")
+
+
+def link_latest(base, run_dir):
+    """runs/<name>/latest -> the newest run directory (a relative symlink, replaced atomically)."""
+    link = os.path.join(base, "latest")
+    if os.path.lexists(link) and not os.path.islink(link):
+        return  # a real file or directory called 'latest': leave it alone
+    tmp = os.path.join(base, f".latest-{os.getpid()}")
+    try:
+        os.symlink(os.path.relpath(run_dir, base), tmp)
+        os.replace(tmp, link)
+    except OSError:  # a file system without symlinks: the runs are still there, only unlinked
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def describe_file(path):
+    """What a file given on the command line is: 'missing', 'directory', 'solverstate',
+    'npz' (weights), 'caffemodel' or 'other', from its first bytes, not its name."""
+    if not os.path.lexists(path):
+        return "missing"
+    if os.path.isdir(path):
+        return "directory"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return "other"
+    if head == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(path) as z:
+                return "solverstate" if "record.npy" in z.namelist() else "npz"
+        except (OSError, zipfile.BadZipFile):
+            return "npz"
+    if path.endswith(".caffemodel") or (head and head[0] in (0x0A, 0x12)):
+        return "caffemodel"
+    return "other"
+
+
+def check_weights_arg(path):
+    kind = describe_file(path)
+    if kind == "missing":
+        raise MinicaffeError(f"--weights: no such file: {path}")
+    if kind == "directory":
+        raise MinicaffeError(f"--weights: {path} is a directory; give a .caffemodel or .npz file")
+    if kind == "solverstate":
+        raise MinicaffeError(
+            f"--weights: {path} is a solver state, not weights. To continue that run: --resume {path}; "
+            f"to start a new run from its weights: --weights {_weights_of(path)}"
         )
 
-    def write(self, out_dir, plot=True):
-        path = os.path.join(out_dir, "train_log.json")
-        text = json.dumps(self.data, indent=1).encode()
-        atomic_write(path, lambda f: f.write(text))
-        png = os.path.join(out_dir, "curves.png") if plot else None
-        if png:
-            plot_curves(self.data, png)
-        return path, png
+
+def resolve_resume_arg(path):
+    """The state file --resume names: a .solverstate, or a run directory's newest complete one."""
+    kind = describe_file(path)
+    if kind == "directory":
+        state = last_snapshot(path)
+        if state is None:
+            raise MinicaffeError(f"--resume: the directory {path} holds no complete snapshot to continue from")
+        return state
+    if kind == "missing":
+        directory = os.path.dirname(path) or "."
+        found = snapshots(directory)
+        hint = f"; snapshots in {directory}: {', '.join(os.path.basename(p) for _, p in found)}" if found else ""
+        raise MinicaffeError(f"--resume: no such file: {path}{hint}")
+    if kind in ("npz", "caffemodel"):
+        raise MinicaffeError(
+            f"--resume: {path} holds weights, not a solver state (a .solverstate written with it). "
+            f"To start a new run from these weights: --weights {path}"
+        )
+    if kind != "solverstate":
+        raise MinicaffeError(f"--resume: {path} is not a minicaffe solver state (.solverstate)")
+    return path
+
+
+def _same_dir(a, b):
+    return os.path.isdir(a) and os.path.isdir(b) and os.path.samefile(a, b)
+
+
+def _weights_of(state_path):
+    m = SNAPSHOT_RE.match(os.path.basename(state_path))
+    if m:
+        return os.path.join(os.path.dirname(state_path), f"{m['prefix']}_iter_{m['iter']}.caffemodel")
+    return "<the .caffemodel beside it>"
+
+
+# -- the log: JSON lines, appended as the run goes -------------------------------------------------
+def read_log(path):
+    """A train_log.jsonl (or the run directory holding it) as one dict:
+
+    ``{"runs": [start records], "train": {"iter", "loss", "lr", "seconds": lists},
+    "test": [{"iter", "net", "seconds", "outputs"}], "snapshots": [...], "end": last end record}``.
+    A last line cut short by a kill is ignored.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, LOG_NAME)
+    out = {"runs": [], "train": {"iter": [], "loss": [], "lr": [], "seconds": []}, "test": [], "snapshots": []}
+    out["end"] = None
+    for rec in _records(path):
+        kind = rec.get("kind")
+        if kind == "iter":
+            for k in ("iter", "loss", "lr", "seconds"):
+                out["train"][k].append(rec[k])
+        elif kind == "test":
+            out["test"].append({k: rec[k] for k in ("iter", "net", "seconds", "outputs")})
+        elif kind == "start":
+            out["runs"].append(rec)
+        elif kind == "snapshot":
+            out["snapshots"].append(rec)
+        elif kind == "end":
+            out["end"] = rec
+    if out["runs"]:
+        out["solver"] = out["runs"][-1]["solver"]
+    return out
+
+
+def _records(path):
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if i == len(lines) - 1:  # the last line, cut short by a kill: ignore it
+                break
+            raise MinicaffeError(f"{path}:{i + 1}: not a JSON record; the log is damaged") from None
+    return out
+
+
+class TrainLog:
+    """train_log.jsonl: one JSON record per line, written as the run goes.
+
+    Iteration records are buffered and reach the file at every display line, every test and
+    snapshot, at least every FLUSH_SECONDS, and at the end; so a run killed with ``kill -9`` keeps
+    its log up to the last display line.  A resumed run keeps the records before its resume
+    point and goes on from there (times continue from the last kept record).
+    """
+
+    def __init__(self, out_dir, start_record, resume_iter=None, history_from=None):
+        self.path = os.path.join(out_dir, LOG_NAME)
+        self.offset = 0.0
+        kept = []
+        source = history_from or self.path
+        if resume_iter is not None and os.path.exists(source):
+            for rec in _records(source):
+                kind, it = rec.get("kind"), rec.get("iter", 0)
+                if kind == "iter" and it < resume_iter or kind == "test" and it < resume_iter:
+                    kept.append(rec)
+                    self.offset = max(self.offset, rec["seconds"])
+                elif kind == "start" or kind == "snapshot" and it <= resume_iter:
+                    kept.append(rec)
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        atomic_write(self.path, lambda f: f.write(text.encode()))
+        self.f = open(self.path, "a")
+        self.t0 = time.perf_counter()
+        self.pending = []
+        self.last_flush = self.t0
+        self.write(dict(start_record, kind="start", time=time.strftime("%Y-%m-%dT%H:%M:%S")), flush=True)
+
+    def seconds(self):
+        return self.offset + time.perf_counter() - self.t0
+
+    def write(self, record, flush=False):
+        self.pending.append(json.dumps(record))
+        if flush or time.perf_counter() - self.last_flush > FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self):
+        if self.pending and not self.f.closed:
+            self.f.write("\n".join(self.pending) + "\n")
+            self.f.flush()
+            self.pending = []
+        self.last_flush = time.perf_counter()
+
+    def on_iteration(self, solver, loss, lr):
+        display = solver.param.display
+        flush = bool(display) and (solver.iter - 1) % display == 0
+        self.write({"kind": "iter", "iter": solver.iter - 1, "loss": loss, "lr": lr, "seconds": self.seconds()}, flush)
+
+    def on_test(self, solver, index, result):
+        rec = {"kind": "test", "iter": solver.iter, "net": index, "seconds": self.seconds(), "outputs": result}
+        self.write(rec, flush=True)
+
+    def on_snapshot(self, solver, weights, state):
+        rec = {"kind": "snapshot", "iter": solver.iter, "weights": os.path.basename(weights)}
+        self.write(dict(rec, state=os.path.basename(state)), flush=True)
+
+    def close(self, status, iteration, message=None):
+        self.write({"kind": "end", "status": status, "iter": iteration, "message": message}, flush=True)
+        self.f.close()
 
 
 def plot_curves(data, path):
+    """curves.png: train loss (raw and smoothed) and test loss/accuracy, against iterations and seconds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     train = data["train"]
     tests = [t for t in data["test"] if t["net"] == 0]
@@ -106,17 +385,19 @@ def plot_curves(data, path):
             ax.plot(train[key], train["loss"], lw=0.5, alpha=0.35, color="C0", label="train loss")
             window = min(100, len(train["loss"]))
             if window > 1:
-                import numpy as np
-
                 smooth = np.convolve(train["loss"], np.ones(window) / window, mode="valid")
                 ax.plot(train[key][window - 1 :], smooth, lw=1.5, color="C0", label=f"train loss, mean of {window}")
         if tests and "loss" in tests[0]["outputs"]:
             ax.plot([t[key] for t in tests], [t["outputs"]["loss"] for t in tests], "o-", color="C1", label="test loss")
-        ax.set_yscale("log")
+        if ax.lines:
+            ax.set_yscale("log")
+            ax.legend()
         ax.set_xlabel(label)
         ax.set_ylabel("loss")
-        ax.legend()
         ax.grid(alpha=0.3)
+        for start in data.get("runs", [])[1:]:  # where a resumed run took over
+            if start.get("resumed_at") is not None and key == "iter":
+                ax.axvline(start["resumed_at"], color="0.6", lw=0.8, ls="--")
         ax = axes[1][col]
         accs = [k for k in (tests[0]["outputs"] if tests else {}) if "acc" in k]
         for j, k in enumerate(accs):
@@ -130,37 +411,125 @@ def plot_curves(data, path):
         if accs:
             ax.legend()
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{os.path.basename(data['solver'])}")
+    fig.suptitle(os.path.basename(data.get("solver", "")))
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=90)
+    png = fig_bytes(fig, plt)
+    atomic_write(path, lambda f: f.write(png))
+
+
+def fig_bytes(fig, plt):
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
-    os.replace(tmp, path)
+    return buf.getvalue()
 
 
-def last_snapshot(out_dir):
-    states = [f for f in os.listdir(out_dir) if f.endswith(".solverstate")] if os.path.isdir(out_dir) else []
-    if not states:
-        return None
-    return os.path.join(out_dir, max(states, key=lambda f: os.path.getmtime(os.path.join(out_dir, f))))
+# -- settings --------------------------------------------------------------------------------------
+def choose_device(args, param, solver_path, log):
+    """--device wins over the solver file's solver_mode (as `caffe train --gpu` does); without the
+    flag the file decides, and a file asking for a GPU where there is none falls back to the CPU
+    with a note (Caffe would stop; minicaffe's nets/ come from Caffe's, which ask for a GPU)."""
+    if args.device:
+        device, why = args.device, "--device"
+        if param.has("solver_mode") and param.solver_mode.lower() != device:
+            why += f"; the solver's solver_mode: {param.solver_mode} is overridden"
+    elif param.solver_mode == "GPU":
+        reason = _backend.why_not("gpu")
+        if reason is None:
+            device, why = "gpu", f"solver_mode: GPU in {os.path.basename(solver_path)}"
+        else:
+            device = "cpu"
+            why = f"solver_mode: GPU in {os.path.basename(solver_path)}, but no GPU here: {reason}"
+    else:
+        device = "cpu"
+        why = f"solver_mode: CPU in {os.path.basename(solver_path)}" if param.has("solver_mode") else "the default"
+    _backend.set_mode(device)
+    log(f"Device: {device} ({why})")
+    return device
 
 
-def run(args):
+def resume_command(args, parser, state):
+    """The command line that continues this run from ``state``: the same settings, --resume."""
+    words = ["python", "-m", "minicaffe.train", args.solver]
+    for action in parser.options:
+        if action.dest in ("help", "resume", "weights", "force", "output"):
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        words += [flag] if value is True else [flag, str(value)]
+    words += ["--resume", state]
+    return shlex.join(words)
+
+
+def test_cost_in_iterations(solver):
+    """A guess of one full test's cost in training iterations, until a test has been timed: a
+    forward pass is about half of a forward+backward+update, scaled by the batch sizes."""
+
+    def batch(net):  # the first blob's first dimension: the batch of the data layer
+        shape = next(iter(net.blobs.values())).shape if net.blobs else ()
+        return shape[0] if shape else 1
+
+    train_batch = max(batch(solver.net), 1)
+    return sum(0.5 * n * batch(net) / train_batch for n, net in zip(solver.param.test_iter, solver.test_nets))
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def run(args, parser=None):
     from ..solvers import get_solver, load_solver_param
 
+    parser = parser or build_parser()
     solver_path = resolve_solver(args.solver)
     name = os.path.basename(solver_path).replace("_solver.prototxt", "").replace(".prototxt", "")
-    out_dir = args.output or os.path.join("runs", name)
-    os.makedirs(out_dir, exist_ok=True)
+    if args.weights and args.resume:
+        raise MinicaffeError("give --weights (start from weights) or --resume (continue a run), not both")
+    if args.workers < 1 or args.staleness < 0:
+        raise MinicaffeError(f"--workers must be >= 1 and --staleness >= 0 (got {args.workers}, {args.staleness})")
+    if args.iters is not None and args.iters < 0:
+        raise MinicaffeError(f"--iters must be >= 0, got {args.iters}")
+    if args.force and not args.output:
+        raise MinicaffeError("--force needs --output DIR: a run without --output gets a new directory of its own")
+    if args.weights:
+        check_weights_arg(args.weights)
+    state_path = resolve_resume_arg(args.resume) if args.resume else None
+
+    # where this run writes: decided now, created only once everything has loaded
+    base = None
+    if args.output:
+        out_dir = args.output
+        ours = run_files(out_dir)
+        others = [f for f in os.listdir(out_dir) if f not in ours] if os.path.isdir(out_dir) else []
+        if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+            raise MinicaffeError(f"--output: {out_dir} is a file, not a directory")
+        same = state_path is not None and _same_dir(os.path.dirname(os.path.abspath(state_path)), out_dir)
+        if (ours or others) and not args.force and not same:
+            what = f"{len(ours)} file(s) of an earlier run" if ours else f"{len(others)} other file(s)"
+            raise MinicaffeError(
+                f"--output: {out_dir} already holds {what} ({', '.join((ours or others)[:4])}"
+                f"{', ...' if len(ours or others) > 4 else ''}); nothing there is overwritten unless you add --force "
+                f"(which deletes the earlier run's snapshots, log and curves)"
+            )
+    elif state_path is not None:
+        out_dir = os.path.dirname(os.path.abspath(state_path))  # a resumed run continues in its directory
+        out_dir = os.path.relpath(out_dir) if not os.path.isabs(args.resume) else out_dir
+    else:
+        base = os.path.join("runs", name)
+        out_dir = None  # runs/<name>/<stamp>, created below
+
+    progress = Progress(0) if sys.stderr.isatty() else None
+    log = Logger(progress=progress)
+    log(f"minicaffe train: {solver_path}")
+    log(banner())
     if args.data_dir:
         from ..data import set_data_dir
 
         set_data_dir(os.path.abspath(args.data_dir))
-    if args.weights and args.resume:
-        raise MinicaffeError("give --weights (start from weights) or --resume (continue a run), not both")
-    _backend.set_mode("gpu" if args.device == "gpu" else "cpu")
 
     param, base_dir = load_solver_param(solver_path)
+    device = choose_device(args, param, solver_path, log)
     if args.iters is not None:
         param.max_iter = args.iters
     if args.seed is not None:
@@ -170,41 +539,104 @@ def run(args):
     if args.test_interval is not None:
         param.test_interval = args.test_interval
     prefix = os.path.basename(param.snapshot_prefix or name)
-    param.snapshot_prefix = os.path.join(out_dir, prefix)
+    pending_dir = out_dir or os.path.join(base, "<new>")
+    param.snapshot_prefix = os.path.join(pending_dir, prefix)
 
-    interactive = sys.stderr.isatty()
-    progress = Progress(param.max_iter) if interactive else None
-    log = Logger(progress=progress)
-    log(f"minicaffe train: {solver_path} -> {out_dir}")
-    log(banner())
+    log("Setting up: building the nets and loading the data (MNIST is fetched on its first use)")
     solver = get_solver(param, base_dir=base_dir, log=log)
     if args.weights:
         skipped = solver.net.copy_from(args.weights)
         log(f"Initialized from {args.weights}" + (f" (ignored layers: {', '.join(skipped)})" if skipped else ""))
-    record = RunRecord(solver_path, args)
+    if state_path:
+        solver.restore(state_path)
+        later = [p for it, p in snapshots(os.path.dirname(os.path.abspath(state_path))) if it > solver.iter]
+        if later and not args.output and not args.force:
+            raise MinicaffeError(
+                f"--resume: {os.path.dirname(state_path) or '.'} holds later snapshots of this run "
+                f"({', '.join(os.path.basename(p) for p in later[:3])}) that continuing from iteration "
+                f"{solver.iter} would overwrite; add --output NEWDIR to branch into a new directory"
+            )
+    start_iter = solver.iter
+
+    # everything loaded: now the run directory exists
+    if out_dir is None:
+        out_dir = new_run_dir(base)
+        link_latest(base, out_dir)
+    else:
+        same = state_path is not None and _same_dir(os.path.dirname(os.path.abspath(state_path)), out_dir)
+        if args.force and not same:
+            for f in run_files(out_dir):
+                os.unlink(os.path.join(out_dir, f))
+        os.makedirs(out_dir, exist_ok=True)
+    clean_temporaries(out_dir, log)
+    solver.param.snapshot_prefix = os.path.join(out_dir, prefix)
+    log(f"Run directory: {out_dir}")
+    history = os.path.join(os.path.dirname(os.path.abspath(state_path)), LOG_NAME) if state_path else None
+    record = TrainLog(
+        out_dir,
+        {
+            "solver": solver_path,
+            "args": dict(vars(args)),
+            "device": device,
+            "versions": versions(),
+            "resumed_at": start_iter if state_path else None,
+            "resumed_from": state_path,
+            "max_iter": solver.param.max_iter,
+        },
+        resume_iter=start_iter if state_path else None,
+        history_from=history,
+    )
     solver.on_iteration.append(record.on_iteration)
     solver.on_test.append(record.on_test)
-    if progress is not None:
-        progress.t0 = time.perf_counter()
-        solver.on_iteration.append(lambda s, loss, lr: progress.update(s.iter, f"loss {s.smoothed_loss:.4g}"))
+    solver.on_snapshot.append(record.on_snapshot)
 
-    def on_sigint(signum, frame):
+    p = solver.param
+    eta = Eta(p.max_iter, start_iter, p.test_interval, test_cost_in_iterations(solver), bool(solver.test_nets))
+    n_tests = len(solver.test_nets)
+    tested_at = []
+
+    def on_test_start(s, index):
+        if index == 0:
+            eta.test_begin()
+        if progress is not None:
+            progress.set_phase(f"testing net #{index} ({p.test_iter[index]} batches)")
+
+    def on_test_end(s, index, result):
+        if index == n_tests - 1:
+            tested_at.append(s.iter)
+            eta.test_end(s.iter)
+            if progress is not None:
+                progress.set_phase("training")
+            left = eta.remaining()
+            if left is not None and s.iter < p.max_iter:
+                log(f"Progress: {s.iter}/{p.max_iter} iterations, ETA {fmt_seconds(left)}")
+
+    def on_iteration(s, loss, lr):
+        eta.iteration(s.iter)
+        if progress is not None:
+            if eta.seen == 1:
+                progress.set_phase("training")
+            progress.update(s.iter, f"loss {s.smoothed_loss:.4g}")
+
+    solver.on_test_start.append(on_test_start)
+    solver.on_test.append(on_test_end)
+    solver.on_iteration.append(on_iteration)
+    if progress is not None:
+        progress.total, progress.done, progress.start_done, progress.eta = p.max_iter, start_iter, start_iter, eta
+        progress.set_phase("first iteration (numba compiles the kernels on a first run)")
+
+    def on_signal(signum, frame):
         if solver.requested_stop:
             raise KeyboardInterrupt
         solver.requested_stop = True
-        log("Interrupted: stopping after this iteration and writing a snapshot (Ctrl-C again to abort)")
+        what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        log(f"{what}: stopping after this iteration and writing a snapshot (Ctrl-C again to abort)")
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     start = time.perf_counter()
-    start_iter = None
+    status, message = "done", None
+    eta.begin()
     try:
-        if args.workers < 1 or args.staleness < 0:
-            raise MinicaffeError(f"--workers must be >= 1 and --staleness >= 0 (got {args.workers}, {args.staleness})")
-        if args.resume:
-            solver.restore(args.resume)
-        if progress is not None:
-            progress.start_done = progress.done = solver.iter
-        start_iter = solver.iter
         if args.workers > 1 or args.staleness > 0:
             from ..parallel import train_with_workers
 
@@ -220,38 +652,67 @@ def run(args):
             )
         else:
             solver.solve()
+        if solver.test_nets and p.test_interval and not solver.requested_stop and tested_at[-1:] != [solver.iter]:
+            # Caffe tests after the last iteration when it falls on a test interval; a run cut
+            # short by --iters ends between intervals, and its result should still be measured
+            log(f"Final test at iteration {solver.iter} (the run ended between test intervals)")
+            solver.test_all()
     except SolverError as exc:
+        status, message = "error", str(exc)
         if progress is not None:
             progress.close()
+        record.flush()
         kept = last_snapshot(out_dir)
         log(f"ERROR: {exc}")
         log(f"The last good snapshot is kept: {kept}" if kept else "No snapshot had been written yet.")
-        record.write(out_dir, plot=not args.no_plot)
+        finish(record, out_dir, args, status, solver.iter, message, log)
         return 1
+    except KeyboardInterrupt:
+        record.close("aborted", solver.iter, "a second Ctrl-C")
+        raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if progress is not None:
             progress.close()
     elapsed = time.perf_counter() - start
-    done = solver.iter - (start_iter or 0)
-    log_path, png = record.write(out_dir, plot=not args.no_plot)
-    summary = (
+    done = solver.iter - start_iter
+    if solver.requested_stop:
+        status = "stopped"
+    log(
         f"Trained {done} iterations in {elapsed:.1f} s ({fmt_seconds(elapsed)}, "
         f"{1000 * elapsed / max(done, 1):.2f} ms/iter including tests)"
     )
-    log(summary)
-    tests = [t for t in record.data["test"] if t["net"] == 0]
+    data = finish(record, out_dir, args, status, solver.iter, message, log)
+    tests = [t for t in data["test"] if t["net"] == 0]
     if tests:
         final = ", ".join(f"{k} = {v:.4f}" for k, v in tests[-1]["outputs"].items() if isinstance(v, float))
         log(f"Final test (iteration {tests[-1]['iter']}): {final}")
-    log(f"Log: {log_path}" + (f"  Curves: {png}" if png else ""))
-    return 130 if solver.requested_stop else 0
+    if solver.requested_stop:
+        state = last_snapshot(out_dir)
+        if state:
+            log(f"Stopped at iteration {solver.iter}. To continue this run:")
+            log(f"    {resume_command(args, parser, state)}")
+        return 130
+    return 0
+
+
+def finish(record, out_dir, args, status, iteration, message, log):
+    record.close(status, iteration, message)
+    data = read_log(out_dir)
+    png = None
+    if not args.no_plot:
+        png = os.path.join(out_dir, PLOT_NAME)
+        plot_curves(data, png)
+    log(f"Log: {record.path}" + (f"  Curves: {png}" if png else ""))
+    return data
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        return run(args)
+        return run(args, parser)
     except MinicaffeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
