@@ -336,8 +336,8 @@ def pooling_cases(quick):
             def run_f(fn, x=x, y=y, mask=mask, k=k, s=s):
                 return lambda: fn(x, k, k, s, s, 0, 0, y, mask)
 
-            def run_b(fn, dy=dy, m=m_ref, dx=dx):
-                return lambda: fn(dy, m, dx)
+            def run_b(fn, dy=dy, m=m_ref, dx=dx, k=k, s=s):
+                return lambda: fn(dy, m, k, k, s, s, 0, 0, dx)
 
             def check_f(fn, y=y, mask=mask, y_ref=y_ref, m_ref=m_ref):
                 _close(y, y_ref, 0.0, "max_pool_fwd")
@@ -548,15 +548,15 @@ def sgd_cases(quick):
     for name, n in sizes:
         w0, g, h0 = (rng.standard_normal(n).astype(F32) for _ in range(3))
         w, h = w0.copy(), h0.copy()
-        w_ref, h_ref = SG.sgd_momentum_update_reference(w0, g, h0, 0.01, 0.9, 5e-4)
+        w_ref, h_ref = SG.sgd_step_reference(w0, g, h0, 0.9, 0.01, 5e-4)
 
         def run(fn, w=w, g=g, h=h, w0=w0, h0=h0):
-            return lambda: fn(w, g, h, 0.01, 0.9, 5e-4)
+            return lambda: fn(w, g, h, 0.9, 0.01, 5e-4)
 
         def check(fn, w=w, h=h, w0=w0, h0=h0, g=g, w_ref=w_ref, h_ref=h_ref):
             # one step from the initial state (the warm-up calls kept updating w and h)
             w[...], h[...] = w0, h0
-            fn(w, g, h, 0.01, 0.9, 5e-4)
+            fn(w, g, h, 0.9, 0.01, 5e-4)
             eps = float(np.finfo(F32).eps)
             _close(h, h_ref, 8 * eps * (np.abs(h_ref) + np.abs(w0) + np.abs(g)), "sgd h")
             _close(w, w_ref, 8 * eps * (np.abs(w0) + np.abs(h0) + np.abs(g)), "sgd w")
@@ -566,9 +566,7 @@ def sgd_cases(quick):
             h += 0.01 * (g + 5e-4 * w)
             w -= h
 
-        cases.append(
-            Case("sgd", "sgd_momentum_update", f"{name} n={n}", "memory", 0, 20.0 * n, run, check, baseline=base)
-        )
+        cases.append(Case("sgd", "sgd_step", f"{name} n={n}", "memory", 0, 20.0 * n, run, check, baseline=base))
     return cases
 
 

@@ -35,7 +35,7 @@ from numba import get_num_threads, njit, prange
 
 from . import _versions
 
-__all__ = ["gemm", "gemm_reference", "VERSIONS", "DEFAULTS", "use"]
+__all__ = ["gemm", "gemm_reference", "check_operands", "vendor_gemm", "VERSIONS", "DEFAULTS", "use"]
 
 
 # -- reference (numpy, float64) ----------------------------------------------------------------
@@ -51,8 +51,10 @@ def gemm_reference(trans_a, trans_b, alpha, a, b, beta, c):
     return out
 
 
-def _ops(trans_a, trans_b, a, b, c):
-    """op(a), op(b) as views, with the shapes checked (a ValueError names all three)."""
+def check_operands(trans_a, trans_b, a, b, c):
+    """op(a), op(b) as views (no copy), with the shapes checked: a ValueError names all three.
+    Shared with the GPU family (kernels/cuda/gemm.py): it touches only .T, .ndim and .shape, so
+    numpy and CuPy arrays both pass through."""
     A = a.T if trans_a else a
     B = b.T if trans_b else b
     if (
@@ -64,25 +66,35 @@ def _ops(trans_a, trans_b, a, b, c):
         or c.shape[1] != B.shape[1]
     ):
         raise ValueError(
-            f"gemm: op(a) {A.shape} @ op(b) {B.shape} does not fit c {c.shape} (trans_a={trans_a}, trans_b={trans_b})"
+            f"gemm: op(a) {tuple(A.shape)} @ op(b) {tuple(B.shape)} does not fit c {tuple(c.shape)} "
+            f"(trans_a={trans_a}, trans_b={trans_b})"
         )
     return A, B
 
 
 # -- vendor baseline ----------------------------------------------------------------------------
-def gemm_blas(trans_a, trans_b, alpha, a, b, beta, c):
-    A, B = _ops(trans_a, trans_b, a, b, c)
+def vendor_gemm(xp, trans_a, trans_b, alpha, a, b, beta, c):
+    """The vendor library through the array module ``xp``: numpy -> OpenBLAS, CuPy -> cuBLAS.
+    ``matmul(A, B, out=c)`` with the transposes as views, which both libraries pass to BLAS as
+    flags (nothing is copied); both buffer an input that overlaps c.  With beta != 0 the
+    product is formed first (c may alias a or b), then c = beta c + alpha t."""
+    A, B = check_operands(trans_a, trans_b, a, b, c)
     if beta == 0:
-        np.matmul(A, B, out=c)  # numpy buffers an input that overlaps c
+        xp.matmul(A, B, out=c)
         if alpha != 1:
             c *= alpha
     else:
-        t = np.matmul(A, B)  # the product first: c may alias a or b
+        t = xp.matmul(A, B)
         if alpha != 1:
             t *= alpha
         if beta != 1:
             c *= beta
         c += t
+
+
+def gemm_blas(trans_a, trans_b, alpha, a, b, beta, c):
+    """OpenBLAS through numpy (``vendor_gemm`` with numpy)."""
+    vendor_gemm(np, trans_a, trans_b, alpha, a, b, beta, c)
 
 
 def _numba_gemm(kernel):
@@ -94,7 +106,7 @@ def _numba_gemm(kernel):
     flipped; any other strided operand, or one that overlaps c, is copied first."""
 
     def gemm(trans_a, trans_b, alpha, a, b, beta, c):
-        _ops(trans_a, trans_b, a, b, c)
+        check_operands(trans_a, trans_b, a, b, c)
         a, ta = _c_order(a, bool(trans_a), c)
         b, tb = _c_order(b, bool(trans_b), c)
         kernel(c.dtype.type(alpha), a, ta, b, tb, c.dtype.type(beta), c)

@@ -3,12 +3,17 @@
 Contract (docs/ARCHITECTURE.md, "Kernels"):
 
     max_pool_fwd(x, kh, kw, sh, sw, ph, pw, y, mask)   x (N,C,H,W) -> y, mask (N,C,PH,PW)
-    max_pool_bwd(dy, mask, dx)                          dx (N,C,H,W) OVERWRITTEN
+    max_pool_bwd(dy, mask, kh, kw, sh, sw, ph, pw, dx)  dx (N,C,H,W) OVERWRITTEN
     ave_pool_fwd(x, kh, kw, sh, sw, ph, pw, y)
     ave_pool_bwd(dy, kh, kw, sh, sw, ph, pw, dx)        dx OVERWRITTEN
 
 PH, PW are read from y's (dy's) shape: Caffe's ceil rounding is the layer's job.  Window
 (p, q) covers rows [p*sh - ph, p*sh - ph + kh) and columns likewise, clipped to the image.
+The window bounds along one axis are ``pool_window`` (and their inverse, the windows that cover
+one input index, ``windows_covering``): one source each, compiled with njit here and with
+cuda.jit(device=True) by kernels/cuda/pooling.py (STYLE 3).  max_pool_bwd takes the geometry
+too, though the CPU versions need only the mask: a GPU gathers with it (one thread per input
+pixel, no atomics), and the contract is one for every backend.
 
 * max: mask (int32) = h*W + w of the maximum inside its (n, c) plane; ties go to the first
   element in row-major scan order (Caffe compares with a strict ``>``).
@@ -48,6 +53,8 @@ __all__ = [
     "ave_pool_bwd",
     "max_pool_fwd_reference",
     "max_pool_bwd_reference",
+    "pool_window",
+    "windows_covering",
     "ave_pool_fwd_reference",
     "ave_pool_bwd_reference",
     "VERSIONS",
@@ -60,13 +67,10 @@ __all__ = [
 def _windows(H, W, PH, PW, kh, kw, sh, sw, ph, pw):
     """Yield (p, q, hs, he, ws, we, divisor) for every output position (Caffe's formulas)."""
     for p in range(PH):
+        hs, he, dh = pool_window(p, kh, sh, ph, H)
         for q in range(PW):
-            hs, ws = p * sh - ph, q * sw - pw
-            he, we = min(hs + kh, H + ph), min(ws + kw, W + pw)
-            div = (he - hs) * (we - ws)
-            hs, ws = max(hs, 0), max(ws, 0)
-            he, we = min(he, H), min(we, W)
-            yield p, q, hs, he, ws, we, max(div, 1)  # an empty window: 0 / 1 (see top)
+            ws, we, dw = pool_window(q, kw, sw, pw, W)
+            yield p, q, hs, he, ws, we, dh * dw  # an empty window: 0 / 1 (see top)
 
 
 def max_pool_fwd_reference(x, kh, kw, sh, sw, ph, pw, PH, PW):
@@ -115,6 +119,34 @@ def ave_pool_bwd_reference(dy, kh, kw, sh, sw, ph, pw, x_shape):
     return dx
 
 
+# -- the window geometry: one source, compiled for the CPU here and for the GPU in kernels/cuda ---
+def pool_window(o, k, s, p, size):
+    """Window ``o`` along one axis: (lo, hi, extent).  [lo, hi) is the part of the window
+    [o*s - p, o*s - p + k) inside the image [0, size); ``extent`` (>= 1) is its length clipped
+    to the padded image [-p, size + p) instead: the average's divisor factor (Caffe's AVE).
+    An empty [lo, hi) is a window wholly in the padding (see the top).  Conditional
+    expressions instead of min/max, so the same source compiles for a GPU."""
+    a = o * s - p
+    b = a + k if a + k < size + p else size + p
+    extent = b - a if b - a > 1 else 1
+    lo = a if a > 0 else 0
+    hi = b if b < size else size
+    return lo, hi, extent
+
+
+def windows_covering(i, k, s, p, n_out):
+    """[o0, o1): the windows along one axis whose span [o*s - p, o*s - p + k) holds input
+    index ``i``, i.e. o*s <= i + p < o*s + k: the inverse of pool_window, for kernels that
+    gather (one thread per input pixel) instead of scattering."""
+    ip = i + p
+    o0 = 0 if ip < k else (ip - k) // s + 1
+    o1 = ip // s + 1
+    return o0, (o1 if o1 < n_out else n_out)
+
+
+_pool_window = njit(nogil=True, cache=True, inline="always")(pool_window)
+
+
 # -- shared checks ---------------------------------------------------------------------------
 @njit(nogil=True, cache=True)
 def _check(x, y, kh, kw, sh, sw, ph, pw):
@@ -134,10 +166,8 @@ def max_pool_fwd_v1_naive(x, kh, kw, sh, sw, ph, pw, y, mask):
         for c in range(C):
             for p in range(PH):
                 for q in range(PW):
-                    hs = max(p * sh - ph, 0)
-                    ws = max(q * sw - pw, 0)
-                    he = min(p * sh - ph + kh, H)
-                    we = min(q * sw - pw + kw, W)
+                    hs, he, _ = _pool_window(p, kh, sh, ph, H)
+                    ws, we, _ = _pool_window(q, kw, sw, pw, W)
                     best = y.dtype.type(0)
                     idx = -1
                     for h in range(hs, he):
@@ -150,7 +180,7 @@ def max_pool_fwd_v1_naive(x, kh, kw, sh, sw, ph, pw, y, mask):
 
 
 @njit(nogil=True, cache=True)
-def max_pool_bwd_v1_naive(dy, mask, dx):
+def max_pool_bwd_v1_naive(dy, mask, kh, kw, sh, sw, ph, pw, dx):
     N, C, H, W = dx.shape
     PH, PW = dy.shape[2], dy.shape[3]
     dx[...] = 0
@@ -172,15 +202,9 @@ def ave_pool_fwd_v1_naive(x, kh, kw, sh, sw, ph, pw, y):
         for c in range(C):
             for p in range(PH):
                 for q in range(PW):
-                    hs = p * sh - ph
-                    ws = q * sw - pw
-                    he = min(hs + kh, H + ph)
-                    we = min(ws + kw, W + pw)
-                    div = max((he - hs) * (we - ws), 1)
-                    hs = max(hs, 0)
-                    ws = max(ws, 0)
-                    he = min(he, H)
-                    we = min(we, W)
+                    hs, he, eh = _pool_window(p, kh, sh, ph, H)
+                    ws, we, ew = _pool_window(q, kw, sw, pw, W)
+                    div = eh * ew
                     s = y.dtype.type(0)
                     for h in range(hs, he):
                         for w in range(ws, we):
@@ -198,15 +222,9 @@ def ave_pool_bwd_v1_naive(dy, kh, kw, sh, sw, ph, pw, dx):
         for c in range(C):
             for p in range(PH):
                 for q in range(PW):
-                    hs = p * sh - ph
-                    ws = q * sw - pw
-                    he = min(hs + kh, H + ph)
-                    we = min(ws + kw, W + pw)
-                    div = max((he - hs) * (we - ws), 1)
-                    hs = max(hs, 0)
-                    ws = max(ws, 0)
-                    he = min(he, H)
-                    we = min(we, W)
+                    hs, he, eh = _pool_window(p, kh, sh, ph, H)
+                    ws, we, ew = _pool_window(q, kw, sw, pw, W)
+                    div = eh * ew
                     g = dy[n, c, p, q] / div
                     for h in range(hs, he):
                         for w in range(ws, we):
@@ -220,11 +238,7 @@ def _table(n_out, size, k, s, p):
     average's divisor).  One row per output position along one axis."""
     t = np.empty((n_out, 3), np.int64)
     for o in range(n_out):
-        a = o * s - p
-        b = min(a + k, size + p)
-        t[o, 2] = max(b - a, 1)  # the divisor's factor (>= 1: see the top)
-        t[o, 0] = max(a, 0)
-        t[o, 1] = min(b, size)
+        t[o, 0], t[o, 1], t[o, 2] = _pool_window(o, k, s, p, size)
     return t
 
 
@@ -308,7 +322,7 @@ def max_pool_fwd_v2_plane(x, kh, kw, sh, sw, ph, pw, y, mask):
 
 
 @njit(nogil=True, cache=True)
-def max_pool_bwd_v2_plane(dy, mask, dx):
+def max_pool_bwd_v2_plane(dy, mask, kh, kw, sh, sw, ph, pw, dx):
     N, C, H, W = dx.shape
     dxf = dx.reshape(N, C, H * W)
     for n in range(N):
@@ -409,7 +423,7 @@ def max_pool_fwd_v4_prange(x, kh, kw, sh, sw, ph, pw, y, mask):
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def max_pool_bwd_v4_prange(dy, mask, dx):
+def max_pool_bwd_v4_prange(dy, mask, kh, kw, sh, sw, ph, pw, dx):
     N, C, H, W = dx.shape
     dxf = dx.reshape(N, C, H * W)
     for k in prange(N * C):

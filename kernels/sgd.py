@@ -3,14 +3,15 @@
 Contract (the solver calls it once per parameter blob; all arrays 1-d, same length, float32
 or float64; w and h are updated in place, g is only read):
 
-    sgd_momentum_update(w, g, h, lr, momentum, weight_decay)
-        h = momentum * h + lr * (g + weight_decay * w)      (Caffe: Regularize, then
+    sgd_step(w, g, h, momentum, local_rate, decay)
+        h = momentum * h + local_rate * (g + decay * w)     (Caffe: Regularize, then
         w = w - h                                             ComputeUpdateValue, then Update)
 
-lr and weight_decay are the blob's effective values (base_lr * lr_mult * schedule,
-weight_decay * decay_mult): the solver multiplies them out.  Caffe also copies h into the
-gradient (the diff then holds the update); this kernel leaves g alone, and the solver clears
-it afterwards anyway.
+The same name and argument order as the backend contract (minicaffe/backend/contract.py) and
+the GPU family (kernels/cuda/sgd.py).  local_rate and decay are the blob's effective values
+(base_lr * lr_mult * schedule, weight_decay * decay_mult): the solver multiplies them out.
+Caffe also copies h into the gradient (the diff then holds the update); this kernel leaves g
+alone (one store fewer per element), and the solver clears it before the next step anyway.
 
 It is a pure stream (3 arrays read, 2 written: 20 bytes per float32 for 4 flops), so the
 ceiling is the machine's copy bandwidth.
@@ -30,79 +31,79 @@ from numba import njit, prange
 
 from . import _versions
 
-__all__ = ["sgd_momentum_update", "sgd_momentum_update_reference", "VERSIONS", "DEFAULTS", "use"]
+__all__ = ["sgd_step", "sgd_step_reference", "VERSIONS", "DEFAULTS", "use"]
 
 
-def sgd_momentum_update_reference(w, g, h, lr, momentum, weight_decay):
+def sgd_step_reference(w, g, h, momentum, local_rate, decay):
     """float64 (w_new, h_new); the inputs are not modified."""
     w, g, h = (np.asarray(a, dtype=np.float64) for a in (w, g, h))
-    h_new = momentum * h + lr * (g + weight_decay * w)
+    h_new = momentum * h + local_rate * (g + decay * w)
     return w - h_new, h_new
 
 
 @njit(nogil=True, cache=True)
 def _check(w, g, h):
     if w.shape != g.shape or w.shape != h.shape:
-        raise ValueError("sgd_momentum_update: w, g and h must have the same shape")
+        raise ValueError("sgd_step: w, g and h must have the same shape")
 
 
 @njit(nogil=True, cache=True)
-def sgd_momentum_update_v1_naive(w, g, h, lr, momentum, weight_decay):
+def sgd_step_v1_naive(w, g, h, momentum, local_rate, decay):
     _check(w, g, h)
     n = w.size
     t = np.empty_like(g)
-    for i in range(n):  # Regularize: t = g + wd * w     (caffe_axpy)
-        t[i] = g[i] + weight_decay * w[i]
+    for i in range(n):  # Regularize: t = g + decay * w     (caffe_axpy)
+        t[i] = g[i] + decay * w[i]
     for i in range(n):  # ComputeUpdateValue: h = lr*t + m*h  (caffe_cpu_axpby)
-        h[i] = lr * t[i] + momentum * h[i]
+        h[i] = local_rate * t[i] + momentum * h[i]
     for i in range(n):  # Update: w -= h                 (caffe_axpy)
         w[i] -= h[i]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _fused_range(w, g, h, lr, m, wd, lo, hi):
+def _fused_range(w, g, h, rate, m, decay, lo, hi):
     for i in range(lo, hi):
         wi = w[i]
-        hi_ = m * h[i] + lr * (g[i] + wd * wi)
+        hi_ = m * h[i] + rate * (g[i] + decay * wi)
         h[i] = hi_
         w[i] = wi - hi_
 
 
 @njit(nogil=True, cache=True)
-def sgd_momentum_update_v2_fused(w, g, h, lr, momentum, weight_decay):
+def sgd_step_v2_fused(w, g, h, momentum, local_rate, decay):
     _check(w, g, h)
     t = w.dtype.type
-    _fused_range(w, g, h, t(lr), t(momentum), t(weight_decay), 0, w.size)
+    _fused_range(w, g, h, t(local_rate), t(momentum), t(decay), 0, w.size)
 
 
 _CHUNK = 16384
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def sgd_momentum_update_v3_prange(w, g, h, lr, momentum, weight_decay):
+def sgd_step_v3_prange(w, g, h, momentum, local_rate, decay):
     _check(w, g, h)
     t = w.dtype.type
-    a, m, d = t(lr), t(momentum), t(weight_decay)
+    a, m, d = t(local_rate), t(momentum), t(decay)
     n = w.size
     for b in prange((n + _CHUNK - 1) // _CHUNK):
         _fused_range(w, g, h, a, m, d, b * _CHUNK, min((b + 1) * _CHUNK, n))
 
 
 VERSIONS = {
-    "sgd_momentum_update": {
-        "v1_naive": sgd_momentum_update_v1_naive,
-        "v2_fused": sgd_momentum_update_v2_fused,
-        "v3_prange": sgd_momentum_update_v3_prange,
+    "sgd_step": {
+        "v1_naive": sgd_step_v1_naive,
+        "v2_fused": sgd_step_v2_fused,
+        "v3_prange": sgd_step_v3_prange,
     }
 }
-DEFAULTS = {"sgd_momentum_update": "v2_fused"}
-REFERENCES = {"sgd_momentum_update": sgd_momentum_update_reference}
+DEFAULTS = {"sgd_step": "v2_fused"}
+REFERENCES = {"sgd_step": sgd_step_reference}
 
-sgd_momentum_update = VERSIONS["sgd_momentum_update"][DEFAULTS["sgd_momentum_update"]]
+sgd_step = VERSIONS["sgd_step"][DEFAULTS["sgd_step"]]
 
 
 def use(version):
-    """Bind sgd_momentum_update to ``version`` (or "default")."""
+    """Bind sgd_step to ``version`` (or "default")."""
     _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
 
 

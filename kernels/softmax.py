@@ -182,9 +182,11 @@ def _loss_bwd_v1(prob, label, ignore_label, has_ignore, scale, dx):
 
 # -- v2: fused ------------------------------------------------------------------------------------
 def softmax_row(x, y, o, k):
-    """y[o, :, k] = softmax(x[o, :, k]): the one source of the per-position softmax, compiled
-    twice (STYLE 3): here with njit for the CPU versions, and in kernels/cuda/softmax.py with
-    cuda.jit(device=True) for the GPU's one-thread-per-position version."""
+    """y[o, :, k] = softmax(x[o, :, k]); returns (max, sum of exps), from which the fused
+    softmax + cross-entropy gets the loss without a log of an underflowed probability.  The one
+    source of the per-position softmax, compiled twice (STYLE 3): here with njit for the CPU
+    versions, and in kernels/cuda/softmax.py with cuda.jit(device=True) for the GPU's
+    one-thread-per-position version and its fused loss kernel."""
     C = x.shape[1]
     m = x[o, 0, k]
     for c in range(1, C):
@@ -198,6 +200,7 @@ def softmax_row(x, y, o, k):
     r = 1 / s
     for c in range(C):
         y[o, c, k] *= r
+    return m, s
 
 
 _softmax_row = njit(nogil=True, cache=True, inline="always")(softmax_row)

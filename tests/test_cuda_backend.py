@@ -189,7 +189,7 @@ def test_every_hand_written_gemm_inside_layers(gpu, version):
 def test_a_training_step_makes_no_hidden_transfers(gpu):
     """One SGD step (a small conv net: LeNet's 430k weights are slow to stream through the
     simulator): upload a batch (2 host->device copies), forward + backward, the momentum update
-    through the backend's sgd_update kernel.  The only device->host copy is the loss (24 bytes,
+    through the backend's sgd_step kernel.  The only device->host copy is the loss (24 bytes,
     in softmax_loss_fwd); blobs stay device arrays throughout."""
     a, b = twin_nets(SMALL_NET, gpu, classes=5)
     history = [b.xp.zeros_like(p.data) for p in b.learnable_params]
@@ -202,8 +202,7 @@ def test_a_training_step_makes_no_hidden_transfers(gpu):
     b.clear_param_diffs()
     loss = b.forward_backward()
     for p, h in zip(b.learnable_params, history):
-        gpu.sgd_update(p.flat_diff, h.reshape(-1), 0.9, 0.01)
-        p.flat_data[...] -= p.flat_diff
+        gpu.sgd_step(p.flat_data, p.flat_diff, h.reshape(-1), 0.9, 0.01, 5e-4)
     gpu.synchronize()
     t = gpu.transfers.snapshot()
     assert t["h2d"] == 2 and t["h2d_bytes"] == data.nbytes + label.nbytes, t

@@ -26,7 +26,7 @@ import json, os, re, subprocess, shutil, sys, tempfile
 from numba import cuda, types as T
 from kernels.cuda import elementwise as ew, gemm, im2col, pooling, softmax, sgd, _launch
 
-# Device functions (softmax's _label_at, block_add) are compiled by their dispatcher "for the
+# Device functions (softmax's _label_at, block_add, _reduce.block_reduce, pooling's windows) are compiled by their dispatcher "for the
 # current device", which asks the driver; with no GPU, tell it the device is an sm_80.
 import types as _types
 import numba.cuda.dispatcher as _disp
@@ -61,7 +61,8 @@ K = {
     "im2col.im2col.v2": (im2col._im2col_v2, (A(4),) + geo[:8] + (i64, i64, A(2))),
     "im2col.col2im.v2": (im2col._col2im_v2, (A(2),) + geo[:8] + (i64, i64, A(4))),
     "pooling.max_fwd": (pooling._max_fwd, (A(4),) + (i64,) * 6 + (A(4), i32_4)),
-    "pooling.max_bwd": (pooling._max_bwd, (A(4), i32_4, A(4))),
+    "pooling.max_bwd_scatter": (pooling._max_bwd_scatter, (A(4), i32_4, A(4))),
+    "pooling.max_bwd_gather": (pooling._max_bwd_gather, (A(4), i32_4) + (i64,) * 6 + (A(4),)),
     "pooling.ave_fwd": (pooling._ave_fwd, (A(4),) + (i64,) * 6 + (A(4),)),
     "pooling.ave_bwd_scatter": (pooling._ave_bwd_scatter, (A(4),) + (i64,) * 6 + (A(4),)),
     "pooling.ave_bwd_gather": (pooling._ave_bwd_gather, (A(4),) + (i64,) * 6 + (A(4),)),
@@ -72,7 +73,6 @@ K = {
     "softmax.loss_fwd": (loss_fwd, (A(3), A(2), i64, b1, T.Array(T.float64, 1, "C"))),
     "softmax.xent_fwd": (xent_fwd, (A(3), A(2), i64, b1, A(3), T.Array(T.float64, 1, "C"))),
     "softmax.loss_bwd": (softmax._loss_bwd, (A(3), A(2), i64, b1, f32, A(3))),
-    "sgd.update": (sgd._sgd_update, (a1, a1, f32, f32)),
     "sgd.step": (sgd._sgd_step, (a1, a1, a1, f32, f32, f32)),
 }
 only = set(sys.argv[1:])
@@ -164,7 +164,6 @@ def test_float32_kernels_stay_in_float32(compiled):
         "elementwise.relu_bwd.v2",
         "elementwise.sigmoid_bwd.v2",
         "elementwise.tanh_bwd.v2",
-        "sgd.update",
         "sgd.step",
     ):
         assert compiled[name]["f64_ops"] == 0, (name, compiled[name])

@@ -66,7 +66,7 @@ def test_max_pool_every_version(geo, seed):
         mag = K.max_pool_bwd_reference(np.abs(dy), m_ref, xshape)
         for ver, fn in versions(K, "max_pool_bwd"):
             dx = np.full(xshape, np.nan, dtype)
-            fn(dy, m_ref, dx)
+            fn(dy, m_ref, *g, dx)
             assert_close(dx, dx_ref, sum_tol(dtype, g[0] * g[1], mag), kernel="max_pool_bwd", version=ver, shape=desc)
 
 

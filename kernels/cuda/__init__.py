@@ -2,11 +2,12 @@
 
     gemm.py         cublas (baseline, default) | v1_naive | v2_tiled | v3_regblock
     im2col.py       im2col / col2im: v1_naive (col2im with atomics) | v2_caffe (default)
-    pooling.py      max / average, forward and backward: v1_scatter | v2_gather (average bwd)
+    pooling.py      max / average, forward and backward: v1_scatter | v2_gather (backward)
     softmax.py      softmax fwd/bwd: v1_thread | v2_block | v3_auto; loss fwd/bwd; fused
-                    softmax + cross-entropy
+                    softmax + cross-entropy (a lab kernel: not in the backend contract)
     elementwise.py  ReLU / sigmoid / tanh: v1_naive | v2_gridstride (default)
-    sgd.py          the momentum update, and the whole SGD step fused
+    sgd.py          the whole SGD step (decay, momentum, update) fused
+    _reduce.py      the block reduction the softmax and loss kernels share
     _launch.py      the launcher: the one place where a real GPU and numba's simulator differ
     bench.py        ``python -m kernels.cuda.bench``: every version against cuBLAS / bandwidth
 

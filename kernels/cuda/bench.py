@@ -126,8 +126,7 @@ def bench_streams(L, timer, size, families):
             cases.append(("relu_bwd", v, (lambda f=f: f(L, x, dy, 0.0, y)), 12 * n))
     if "sgd" in families:
         w, g, h = (cp.asarray(rng.standard_normal(n, dtype=f32)) for _ in range(3))
-        cases.append(("sgd_update", "v1_gridstride", lambda: sgd.sgd_update(L, g, h, 0.9, 0.01), 16 * n))
-        cases.append(("sgd_step", "v1_gridstride", lambda: sgd.sgd_step(L, w, g, h, 0.9, 0.01, 5e-4), 24 * n))
+        cases.append(("sgd_step", "v1_gridstride", lambda: sgd.sgd_step(L, w, g, h, 0.9, 0.01, 5e-4), 20 * n))
     if "im2col" in families:
         N, C, H = 64, 32, 28
         xi = cp.asarray(rng.standard_normal((N, C, H, H), dtype=f32))
@@ -149,6 +148,10 @@ def bench_streams(L, timer, size, families):
         for v, f in pooling.VERSIONS["max_pool_fwd"].items():
             cases.append(
                 ("max_pool 2x2", v, (lambda f=f: f(L, xp_, 2, 2, 2, 2, 0, 0, yp, mk)), xp_.nbytes + 2 * yp.nbytes)
+            )
+        for v, f in pooling.VERSIONS["max_pool_bwd"].items():
+            cases.append(
+                ("max_pool_bwd", v, (lambda f=f: f(L, yp, mk, 2, 2, 2, 2, 0, 0, dxp)), xp_.nbytes + 2 * yp.nbytes)
             )
         for v, f in pooling.VERSIONS["ave_pool_bwd"].items():
             cases.append(("ave_pool_bwd", v, (lambda f=f: f(L, yp, 2, 2, 2, 2, 0, 0, dxp)), xp_.nbytes + yp.nbytes))

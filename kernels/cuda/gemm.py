@@ -10,7 +10,8 @@ the launcher ``L`` first.  Checked against the CPU file's float64 ``gemm_referen
 
 Versions (thread mapping in each kernel's docstring):
   cublas        ``xp.matmul``: cuBLAS on CuPy arrays (in the simulator numpy's BLAS stands in,
-                so the engine's code path is the same).  The baseline, and the default: on a
+                so the engine's code path is the same); the CPU family's ``vendor_gemm`` and
+                ``check_operands``, shared.  The baseline, and the default: on a
                 GPU nothing here beats it (the benchmark prints the ratio).
   v1_naive      one thread per element of c, K multiply-adds from global memory: each a and b
                 element is loaded M or N times over; L1/L2 catch some of it.
@@ -32,48 +33,18 @@ import functools
 from numba import cuda
 
 from .. import _versions
-from ..gemm import gemm_reference  # noqa: F401  (the float64 reference the tests check against)
+from ..gemm import check_operands, gemm_reference, vendor_gemm  # noqa: F401  (gemm_reference: for the tests)
 
 __all__ = ["gemm", "VERSIONS", "DEFAULTS", "use", "make_tiled", "make_regblock"]
-
-
-def _ops(trans_a, trans_b, a, b, c):
-    A = a.T if trans_a else a
-    B = b.T if trans_b else b
-    if (
-        A.ndim != 2
-        or B.ndim != 2
-        or c.ndim != 2
-        or A.shape[1] != B.shape[0]
-        or c.shape[0] != A.shape[0]
-        or c.shape[1] != B.shape[1]
-    ):
-        raise ValueError(
-            f"gemm: op(a) {tuple(A.shape)} @ op(b) {tuple(B.shape)} does not fit c "
-            f"{tuple(c.shape)} (trans_a={trans_a}, trans_b={trans_b})"
-        )
-    return A, B
 
 
 def _unalias(xp, X, c):
     return X.copy() if xp.may_share_memory(X, c) else X
 
 
-# -- vendor baseline -------------------------------------------------------------------------------
+# -- vendor baseline: the CPU family's wrapper, on CuPy (cuBLAS) ---------------------------------------
 def gemm_cublas(L, trans_a, trans_b, alpha, a, b, beta, c):
-    xp = L.xp
-    A, B = _ops(trans_a, trans_b, a, b, c)
-    if beta == 0:
-        xp.matmul(A, B, out=c)  # both numpy and CuPy buffer an input that overlaps c
-        if alpha != 1:
-            c *= alpha
-    else:
-        t = xp.matmul(A, B)
-        if alpha != 1:
-            t *= alpha
-        if beta != 1:
-            c *= beta
-        c += t
+    vendor_gemm(L.xp, trans_a, trans_b, alpha, a, b, beta, c)
 
 
 # -- v1: one thread per element --------------------------------------------------------------------
@@ -203,7 +174,7 @@ def make_regblock(BM, BN, BK, TM, TN):
 
 # -- wrappers ------------------------------------------------------------------------------------------
 def _prepare(L, trans_a, trans_b, alpha, a, b, beta, c):
-    A, B = _ops(trans_a, trans_b, a, b, c)
+    A, B = check_operands(trans_a, trans_b, a, b, c)
     A, B = _unalias(L.xp, A, c), _unalias(L.xp, B, c)
     return A, B, L.scalar(alpha, c.dtype), L.scalar(beta, c.dtype)
 

@@ -2,30 +2,36 @@
 
 Contract: the CPU family's (``kernels/pooling.py``)::
 
-    max_pool_fwd(x, kh, kw, sh, sw, ph, pw, y, mask)   mask int32 = h*W + w of the max
-    max_pool_bwd(dy, mask, dx)                          dx OVERWRITTEN
+    max_pool_fwd(x, kh, kw, sh, sw, ph, pw, y, mask)    mask int32 = h*W + w of the max
+    max_pool_bwd(dy, mask, kh, kw, sh, sw, ph, pw, dx)  dx OVERWRITTEN
     ave_pool_fwd(x, kh, kw, sh, sw, ph, pw, y)          divisor: window clipped to H+ph, W+pw
     ave_pool_bwd(dy, kh, kw, sh, sw, ph, pw, dx)        dx OVERWRITTEN
 
 Ties go to the first element in row-major order (strict ``>``); a window wholly in the padding
 gives y = 0, mask = -1.  Each wrapper takes the launcher ``L`` first.  Checked against the CPU
-file's float64 references.
+file's float64 references.  The window bounds (``pool_window``) and their inverse
+(``windows_covering``) are the CPU file's functions compiled as device functions: one source.
 
 Versions:
   v1_scatter  one thread per OUTPUT (n, c, p, q), in y's order (coalesced stores of y and mask).
               Forward: the thread scans its window.  Backward: the thread adds its dy into the
               input pixels it came from with atomics (dx zeroed first); overlapping windows
-              (stride < kernel) collide there.  Max backward only has this version: its
-              signature has no geometry, so a thread per input could not find its windows.
-  v2_gather   average backward only: one thread per INPUT pixel (n, c, h, w), summing
-              dy / divisor over the windows [(h + ph - kh)/sh + 1, (h + ph)/sh] that cover it
-              (Caffe's AvePoolBackward): no atomics, deterministic.  Default for ave_pool_bwd.
+              (stride < kernel) collide there, and float atomics make the order of the sum, so
+              its last bits, change from run to run.
+  v2_gather   backward only: one thread per INPUT pixel (n, c, h, w), summing over the windows
+              [(h + ph - kh)/sh + 1, (h + ph)/sh] that cover it (Caffe's MaxPoolBackward and
+              AvePoolBackward): average adds dy / divisor, max adds dy where the window's mask
+              names this pixel.  No atomics, every dx written once, deterministic, and the sum
+              runs in the CPU versions' order (bit-identical to them).  The default backward.
 """
 
 from numba import cuda
 
 from .. import _versions
-from ..pooling import REFERENCES  # noqa: F401  (the float64 references the tests check against)
+from ..pooling import REFERENCES, pool_window, windows_covering  # noqa: F401  (REFERENCES: for the tests)
+
+_window = cuda.jit(device=True)(pool_window)
+_covering = cuda.jit(device=True)(windows_covering)
 
 __all__ = ["max_pool_fwd", "max_pool_bwd", "ave_pool_fwd", "ave_pool_bwd", "VERSIONS", "DEFAULTS", "use"]
 
@@ -48,12 +54,8 @@ def _max_fwd(x, kh, kw, sh, sw, ph, pw, y, mask):
         p = (t // PW) % PH
         c = (t // (PW * PH)) % C
         n = t // (PW * PH * C)
-        hs = p * sh - ph
-        ws = q * sw - pw
-        he = hs + kh if hs + kh < H else H  # (min/max spelled out: numba's CUDA
-        we = ws + kw if ws + kw < W else W  #  builtins need a device to compile)
-        hs = hs if hs > 0 else 0
-        ws = ws if ws > 0 else 0
+        hs, he, _ = _window(p, kh, sh, ph, H)
+        ws, we, _ = _window(q, kw, sw, pw, W)
         best = y.dtype.type(0)
         idx = -1
         for h in range(hs, he):
@@ -67,7 +69,7 @@ def _max_fwd(x, kh, kw, sh, sw, ph, pw, y, mask):
 
 
 @cuda.jit
-def _max_bwd(dy, mask, dx):
+def _max_bwd_scatter(dy, mask, dx):
     """Thread t (grid-stride) -> output (n, c, p, q); atomic add of dy into dx at the mask."""
     N, C, H, W = dx.shape
     PH, PW = dy.shape[2], dy.shape[3]
@@ -84,6 +86,30 @@ def _max_bwd(dy, mask, dx):
 
 
 @cuda.jit
+def _max_bwd_gather(dy, mask, kh, kw, sh, sw, ph, pw, dx):
+    """Thread t (grid-stride) -> input pixel (n, c, h, w) in dx's order: the sum of dy over the
+    windows covering it whose maximum it was (mask == h*W + w), in (p, q) order."""
+    N, C, H, W = dx.shape
+    PH, PW = dy.shape[2], dy.shape[3]
+    t = cuda.grid(1)
+    while t < dx.size:
+        w = t % W
+        h = (t // W) % H
+        c = (t // (W * H)) % C
+        n = t // (W * H * C)
+        p0, p1 = _covering(h, kh, sh, ph, PH)
+        q0, q1 = _covering(w, kw, sw, pw, PW)
+        k = h * W + w
+        acc = dx.dtype.type(0)
+        for p in range(p0, p1):
+            for q in range(q0, q1):
+                if mask[n, c, p, q] == k:
+                    acc += dy[n, c, p, q]
+        dx[n, c, h, w] = acc
+        t += cuda.gridsize(1)
+
+
+@cuda.jit
 def _ave_fwd(x, kh, kw, sh, sw, ph, pw, y):
     """Thread t (grid-stride) -> output (n, c, p, q) in y's flat order."""
     N, C, H, W = x.shape
@@ -94,16 +120,13 @@ def _ave_fwd(x, kh, kw, sh, sw, ph, pw, y):
         p = (t // PW) % PH
         c = (t // (PW * PH)) % C
         n = t // (PW * PH * C)
-        hs = p * sh - ph
-        ws = q * sw - pw
-        he = hs + kh if hs + kh < H + ph else H + ph
-        we = ws + kw if ws + kw < W + pw else W + pw
-        div = (he - hs) * (we - ws)
+        hs, he, eh = _window(p, kh, sh, ph, H)
+        ws, we, ew = _window(q, kw, sw, pw, W)
         s = y.dtype.type(0)
-        for h in range(hs if hs > 0 else 0, he if he < H else H):
-            for w in range(ws if ws > 0 else 0, we if we < W else W):
+        for h in range(hs, he):
+            for w in range(ws, we):
                 s += x[n, c, h, w]
-        y[n, c, p, q] = s / div
+        y[n, c, p, q] = s / (eh * ew)
         t += cuda.gridsize(1)
 
 
@@ -118,21 +141,19 @@ def _ave_bwd_scatter(dy, kh, kw, sh, sw, ph, pw, dx):
         p = (t // PW) % PH
         c = (t // (PW * PH)) % C
         n = t // (PW * PH * C)
-        hs = p * sh - ph
-        ws = q * sw - pw
-        he = hs + kh if hs + kh < H + ph else H + ph
-        we = ws + kw if ws + kw < W + pw else W + pw
-        g = dy[n, c, p, q] / ((he - hs) * (we - ws))
-        for h in range(hs if hs > 0 else 0, he if he < H else H):
-            for w in range(ws if ws > 0 else 0, we if we < W else W):
+        hs, he, eh = _window(p, kh, sh, ph, H)
+        ws, we, ew = _window(q, kw, sw, pw, W)
+        g = dy[n, c, p, q] / (eh * ew)
+        for h in range(hs, he):
+            for w in range(ws, we):
                 cuda.atomic.add(dx, (n, c, h, w), g)
         t += cuda.gridsize(1)
 
 
 @cuda.jit
 def _ave_bwd_gather(dy, kh, kw, sh, sw, ph, pw, dx):
-    """Thread t (grid-stride) -> input pixel (n, c, h, w) in dx's order; windows p with
-    p*sh - ph <= h < p*sh - ph + kh, i.e. p in [max(0, (h + ph - kh)//sh + 1), min(PH, (h + ph)//sh + 1))."""
+    """Thread t (grid-stride) -> input pixel (n, c, h, w) in dx's order: the sum of
+    dy / divisor over the windows covering it."""
     N, C, H, W = dx.shape
     PH, PW = dy.shape[2], dy.shape[3]
     t = cuda.grid(1)
@@ -141,37 +162,43 @@ def _ave_bwd_gather(dy, kh, kw, sh, sw, ph, pw, dx):
         h = (t // W) % H
         c = (t // (W * H)) % C
         n = t // (W * H * C)
-        hp = h + ph
-        wp = w + pw
-        p0 = 0 if hp < kh else (hp - kh) // sh + 1
-        p1 = hp // sh + 1 if hp // sh + 1 < PH else PH
-        q0 = 0 if wp < kw else (wp - kw) // sw + 1
-        q1 = wp // sw + 1 if wp // sw + 1 < PW else PW
+        p0, p1 = _covering(h, kh, sh, ph, PH)
+        q0, q1 = _covering(w, kw, sw, pw, PW)
         acc = dx.dtype.type(0)
         for p in range(p0, p1):
-            hs = p * sh - ph
-            he = hs + kh if hs + kh < H + ph else H + ph
+            _, _, eh = _window(p, kh, sh, ph, H)
             for q in range(q0, q1):
-                ws = q * sw - pw
-                we = ws + kw if ws + kw < W + pw else W + pw
-                acc += dy[n, c, p, q] / ((he - hs) * (we - ws))
+                _, _, ew = _window(q, kw, sw, pw, W)
+                acc += dy[n, c, p, q] / (eh * ew)
         dx[n, c, h, w] = acc
         t += cuda.gridsize(1)
 
 
 # -- wrappers -------------------------------------------------------------------------------------
+def _check_mask(dy, mask):
+    if dy.ndim != 4 or tuple(mask.shape) != tuple(dy.shape):
+        raise ValueError(f"max_pool_bwd: dy {tuple(dy.shape)} and mask {tuple(mask.shape)} must be equal 4-d shapes")
+
+
 def max_pool_fwd_v1_scatter(L, x, kh, kw, sh, sw, ph, pw, y, mask):
     _check(x, y, kh, kw, sh, sw, ph, pw)
     if y.size:
         L.launch(_max_fwd, L.blocks(y.size), L.config.threads, x, kh, kw, sh, sw, ph, pw, y, mask)
 
 
-def max_pool_bwd_v1_scatter(L, dy, mask, dx):
-    if dy.ndim != 4 or tuple(mask.shape) != tuple(dy.shape):
-        raise ValueError(f"max_pool_bwd: dy {tuple(dy.shape)} and mask {tuple(mask.shape)} must be equal 4-d shapes")
+def max_pool_bwd_v1_scatter(L, dy, mask, kh, kw, sh, sw, ph, pw, dx):
+    _check_mask(dy, mask)
+    _check(dx, dy, kh, kw, sh, sw, ph, pw)
     dx.fill(0)
     if dy.size:
-        L.launch(_max_bwd, L.blocks(dy.size), L.config.threads, dy, mask, dx)
+        L.launch(_max_bwd_scatter, L.blocks(dy.size), L.config.threads, dy, mask, dx)
+
+
+def max_pool_bwd_v2_gather(L, dy, mask, kh, kw, sh, sw, ph, pw, dx):
+    _check_mask(dy, mask)
+    _check(dx, dy, kh, kw, sh, sw, ph, pw)
+    if dx.size:
+        L.launch(_max_bwd_gather, L.blocks(dx.size), L.config.threads, dy, mask, kh, kw, sh, sw, ph, pw, dx)
 
 
 def ave_pool_fwd_v1_scatter(L, x, kh, kw, sh, sw, ph, pw, y):
@@ -195,13 +222,13 @@ def ave_pool_bwd_v2_gather(L, dy, kh, kw, sh, sw, ph, pw, dx):
 
 VERSIONS = {
     "max_pool_fwd": {"v1_scatter": max_pool_fwd_v1_scatter},
-    "max_pool_bwd": {"v1_scatter": max_pool_bwd_v1_scatter},
+    "max_pool_bwd": {"v1_scatter": max_pool_bwd_v1_scatter, "v2_gather": max_pool_bwd_v2_gather},
     "ave_pool_fwd": {"v1_scatter": ave_pool_fwd_v1_scatter},
     "ave_pool_bwd": {"v1_scatter": ave_pool_bwd_v1_scatter, "v2_gather": ave_pool_bwd_v2_gather},
 }
 DEFAULTS = {
     "max_pool_fwd": "v1_scatter",
-    "max_pool_bwd": "v1_scatter",
+    "max_pool_bwd": "v2_gather",
     "ave_pool_fwd": "v1_scatter",
     "ave_pool_bwd": "v2_gather",
 }

@@ -29,13 +29,12 @@ Versions:
              so every pass is a coalesced row of the (C, inner) plane; for inner == 1 one thread
              walks a whole row alone.
   v2_block   one block per position (grid-stride over positions), ROW threads striding over C,
-             max and sum combined by a shared-memory tree reduction (log2(ROW) steps, a
-             ``syncthreads`` each): for inner == 1 a warp reads 32 consecutive scores.
+             max and sum combined by a shared-memory tree reduction (``_reduce.block_reduce``:
+             log2(ROW) steps, a ``syncthreads`` each): for inner == 1 a warp reads 32
+             consecutive scores.
   v3_auto    v2 when inner == 1 (classification), v1 otherwise.  The default.
   (the loss kernels: one version each; thread per position, block-reduced partial sums.)
 
-Warp shuffles (``shfl_down_sync``) would make the reductions cheaper still, but numba's
-simulator does not implement them, and every kernel here must run in the simulator.
 """
 
 import math
@@ -45,6 +44,7 @@ from numba import cuda
 
 from .. import _versions
 from ..softmax import FLT_MIN, REFERENCES, _bad_label_message, softmax_row  # noqa: F401  (references for the tests)
+from ._reduce import block_reduce
 
 _softmax_row_dev = cuda.jit(device=True)(softmax_row)
 
@@ -106,7 +106,7 @@ def make_block_kernels(ROW):
     @cuda.jit
     def fwd_block(x, y):
         """Block b (grid-stride) -> position (o, k); thread tid takes classes tid, tid+ROW, ...;
-        max and sum are reduced over the block in shared memory."""
+        max and sum are reduced over the block (``block_reduce``)."""
         red = cuda.shared.array(ROW, dtype=y.dtype)
         outer, C, inner = x.shape
         tid = cuda.threadIdx.x
@@ -117,39 +117,20 @@ def make_block_kernels(ROW):
             for c in range(tid, C, ROW):
                 if x[o, c, k] > m:
                     m = x[o, c, k]
-            red[tid] = m
-            cuda.syncthreads()
-            s = ROW // 2
-            while s > 0:
-                if tid < s:
-                    if red[tid + s] > red[tid]:
-                        red[tid] = red[tid + s]
-                cuda.syncthreads()
-                s //= 2
-            m = red[0]
-            cuda.syncthreads()  # everyone has read red[0] before it is reused
+            m = block_reduce(red, m, True)
             acc = y.dtype.type(0)
             for c in range(tid, C, ROW):
                 e = math.exp(x[o, c, k] - m)
                 y[o, c, k] = e
                 acc += e
-            red[tid] = acc
-            cuda.syncthreads()
-            s = ROW // 2
-            while s > 0:
-                if tid < s:
-                    red[tid] += red[tid + s]
-                cuda.syncthreads()
-                s //= 2
-            r = 1 / red[0]
+            r = 1 / block_reduce(red, acc, False)
             for c in range(tid, C, ROW):
                 y[o, c, k] *= r
-            cuda.syncthreads()
 
     @cuda.jit
     def bwd_block(y, dy, dx):
         """Block b (grid-stride) -> position (o, k); the dot product sum_c dy*y reduced over
-        the block in shared memory."""
+        the block (``block_reduce``)."""
         red = cuda.shared.array(ROW, dtype=dx.dtype)
         outer, C, inner = y.shape
         tid = cuda.threadIdx.x
@@ -159,18 +140,9 @@ def make_block_kernels(ROW):
             acc = dx.dtype.type(0)
             for c in range(tid, C, ROW):
                 acc += dy[o, c, k] * y[o, c, k]
-            red[tid] = acc
-            cuda.syncthreads()
-            s = ROW // 2
-            while s > 0:
-                if tid < s:
-                    red[tid] += red[tid + s]
-                cuda.syncthreads()
-                s //= 2
-            d = red[0]
+            d = block_reduce(red, acc, False)
             for c in range(tid, C, ROW):
                 dx[o, c, k] = y[o, c, k] * (dy[o, c, k] - d)
-            cuda.syncthreads()
 
     _block_cache[ROW] = (fwd_block, bwd_block)
     return fwd_block, bwd_block
@@ -203,30 +175,21 @@ def make_loss_kernels(T):
         raise ValueError(f"softmax loss: block size must be a power of two, got {T}")
 
     @cuda.jit(device=True)
-    def block_add(red, tid, loss, count, out):
-        """Sum (loss, count) over the block (red: (2, T) float64 shared) and add the block's
-        total into out[0], out[1] with one atomic each."""
-        red[0, tid] = loss
-        red[1, tid] = count
-        cuda.syncthreads()
-        s = T // 2
-        while s > 0:
-            if tid < s:
-                red[0, tid] += red[0, tid + s]
-                red[1, tid] += red[1, tid + s]
-            cuda.syncthreads()
-            s //= 2
-        if tid == 0:
-            cuda.atomic.add(out, 0, red[0, 0])
-            cuda.atomic.add(out, 1, red[1, 0])
+    def block_add(red, loss, count, out):
+        """Sum (loss, count) over the block (red: (T,) float64 shared) and add the block's
+        totals into out[0], out[1] with one atomic each."""
+        loss = block_reduce(red, loss, False)
+        count = block_reduce(red, count, False)
+        if cuda.threadIdx.x == 0:
+            cuda.atomic.add(out, 0, loss)
+            cuda.atomic.add(out, 1, count)
 
     @cuda.jit
     def loss_fwd(prob, label, ignore_label, has_ignore, out):
         """Thread t (grid-stride) -> position (o, k): -log(max(prob[o, label, k], FLT_MIN)) into
         a per-thread float64 partial; block-reduced; out = [loss, count, first bad position]."""
         outer, C, inner = prob.shape
-        red = cuda.shared.array((2, T), dtype=np.float64)
-        tid = cuda.threadIdx.x
+        red = cuda.shared.array(T, dtype=np.float64)
         loss = 0.0
         count = 0.0
         t = cuda.grid(1)
@@ -241,16 +204,16 @@ def make_loss_kernels(T):
                 loss -= math.log(p if p > FLT_MIN else FLT_MIN)
                 count += 1.0
             t += cuda.gridsize(1)
-        block_add(red, tid, loss, count, out)
+        block_add(red, loss, count, out)
 
     @cuda.jit
     def xent_fwd(x, label, ignore_label, has_ignore, prob, out):
-        """Fused softmax + cross-entropy.  Thread t (grid-stride) -> position (o, k): max, sum of
-        exps, prob written, and the loss at the label computed as log(sum) - (x[label] - max)
-        -- exact where prob underflows -- clamped like Caffe's at -log(FLT_MIN)."""
+        """Fused softmax + cross-entropy.  Thread t (grid-stride) -> position (o, k): the row's
+        softmax is the CPU versions' ``softmax_row`` (it returns the max and the sum of exps),
+        and the loss at the label is log(sum) - (x[label] - max) -- exact where prob
+        underflows -- clamped like Caffe's at -log(FLT_MIN)."""
         outer, C, inner = x.shape
-        red = cuda.shared.array((2, T), dtype=np.float64)
-        tid = cuda.threadIdx.x
+        red = cuda.shared.array(T, dtype=np.float64)
         loss = 0.0
         count = 0.0
         cap = -math.log(FLT_MIN)
@@ -258,18 +221,7 @@ def make_loss_kernels(T):
         while t < outer * inner:
             o = t // inner
             k = t - o * inner
-            m = x[o, 0, k]
-            for c in range(1, C):
-                if x[o, c, k] > m:
-                    m = x[o, c, k]
-            s = prob.dtype.type(0)
-            for c in range(C):
-                e = math.exp(x[o, c, k] - m)
-                prob[o, c, k] = e
-                s += e
-            r = 1 / s
-            for c in range(C):
-                prob[o, c, k] *= r
+            m, s = _softmax_row_dev(x, prob, o, k)
             li = _label_at(label, o, k, C, ignore_label, has_ignore)
             if li == -2:
                 cuda.atomic.min(out, 2, float(t))
@@ -278,7 +230,7 @@ def make_loss_kernels(T):
                 loss += nll if nll < cap else cap
                 count += 1.0
             t += cuda.gridsize(1)
-        block_add(red, tid, loss, count, out)
+        block_add(red, loss, count, out)
 
     _loss_cache[T] = (loss_fwd, xent_fwd)
     return loss_fwd, xent_fwd

@@ -1,8 +1,8 @@
 """The CPU backend: numpy arrays, numba @njit kernels from ``kernels/``, GEMM through BLAS.
 
-Every function has a flat signature (arrays, sizes, an output array) and writes its output in
-place.  The kernel modules are looked up at call time, so ``kernels.use(family, version)``
-switches the version the engine runs.
+Every function is the backend contract's (``contract.py``: the signatures and their meaning);
+each forwards to its kernel family.  The kernel modules are looked up at call time, so
+``kernels.use(family, version)`` switches the version the engine runs.
 """
 
 import numpy as np
@@ -21,6 +21,10 @@ def to_host(a):
 
 def from_host(a, dtype=None):
     return np.asarray(a, dtype=dtype)
+
+
+def synchronize():
+    """Nothing to wait for: every CPU kernel has finished when it returns."""
 
 
 # -- GEMM -------------------------------------------------------------------------------------
@@ -45,8 +49,8 @@ def max_pool_fwd(x, kh, kw, sh, sw, ph, pw, y, mask):
     pooling.max_pool_fwd(x, kh, kw, sh, sw, ph, pw, y, mask)
 
 
-def max_pool_bwd(dy, mask, dx):
-    pooling.max_pool_bwd(dy, mask, dx)
+def max_pool_bwd(dy, mask, kh, kw, sh, sw, ph, pw, dx):
+    pooling.max_pool_bwd(dy, mask, kh, kw, sh, sw, ph, pw, dx)
 
 
 def ave_pool_fwd(x, kh, kw, sh, sw, ph, pw, y):
@@ -103,6 +107,6 @@ def tanh_bwd(y, dy, dx):
 def sgd_step(w, g, h, momentum, local_rate, decay):
     """One SGD iteration for a flat parameter, fused: h = m h + lr (g + decay w); w -= h.
 
-    g is left unspecified afterwards (the solver clears parameter diffs before the next step).
+    g is only read (the solver clears parameter diffs before the next step).
     """
-    sgd.sgd_momentum_update(w, g, h, local_rate, momentum, decay)
+    sgd.sgd_step(w, g, h, momentum, local_rate, decay)

@@ -8,6 +8,7 @@ registry from importing it as one).
 - ``fill_blob(blob, filler_param)``: run a FillerParameter on a parameter blob.
 - ``loss_normalization`` / ``loss_normalizer``: Caffe's LossParameter normalization rules.
 - ``spatial_geometry``: kernel / pad / stride / dilation of Convolution-like layers, every form.
+- ``hw_pair``: one (h, w) pair given as ``name`` or as ``name_h`` and ``name_w`` (Pooling uses it).
 """
 
 from .. import filler as _filler
@@ -80,7 +81,7 @@ def loss_normalizer(mode, outer, inner, valid_count):
 
 
 # -- convolution geometry -------------------------------------------------------------------------
-def _pair(layer, p, name, values, default):
+def hw_pair(layer, p, name, values, default):
     """``values`` (a repeated field: 1 value for both axes, or h then w) or the ``name_h`` /
     ``name_w`` form, never both; ``default`` when neither is given (None = required)."""
     has_h, has_w = has(p, name + "_h"), has(p, name + "_w")
@@ -108,9 +109,9 @@ def spatial_geometry(layer, p):
     Each of kernel_size / pad / stride / dilation is a repeated field (one value for both
     spatial axes, or h then w); kernel, pad and stride also have the ``_h``/``_w`` form.
     """
-    kh, kw = _pair(layer, p, "kernel", p.kernel_size, None)
-    ph, pw = _pair(layer, p, "pad", p.pad, 0)
-    sh, sw = _pair(layer, p, "stride", p.stride, 1)
+    kh, kw = hw_pair(layer, p, "kernel", p.kernel_size, None)
+    ph, pw = hw_pair(layer, p, "pad", p.pad, 0)
+    sh, sw = hw_pair(layer, p, "stride", p.stride, 1)
     dil = [int(v) for v in p.dilation]
     if len(dil) > 2:
         raise layer.error(f"dilation given {len(dil)} times; 2-d layers take 1 value or 2 (h, w)")

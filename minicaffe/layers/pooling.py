@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from ..layer import Layer, Scratch, register
-from ._common import has, shape_str
+from ._common import has, hw_pair, shape_str
 
 
 @register
@@ -45,36 +45,20 @@ class Pooling(Layer):
         if len(top) > 1 and self.method != "MAX":
             raise self.error(f"a second top (the argmax mask) needs pool: MAX, not {self.method}")
         self.global_pooling = bool(p.global_pooling)
-        has_ks, has_kh, has_kw = has(p, "kernel_size"), has(p, "kernel_h"), has(p, "kernel_w")
+        kernel_given = has(p, "kernel_size") or has(p, "kernel_h") or has(p, "kernel_w")
         if self.global_pooling:
-            if has_ks or has_kh or has_kw:
+            if kernel_given:
                 raise self.error("global_pooling takes its kernel from the bottom; do not give kernel_size")
             self.kh = self.kw = None
+        elif not kernel_given:
+            raise self.error("kernel_size is required (or kernel_h and kernel_w together)")
         else:
-            if has_ks and (has_kh or has_kw):
-                raise self.error("give kernel_size or kernel_h and kernel_w, not both")
-            if has_ks:
-                self.kh = self.kw = int(p.kernel_size)
-            elif has_kh and has_kw:
-                self.kh, self.kw = int(p.kernel_h), int(p.kernel_w)
-            else:
-                raise self.error("kernel_size is required (or kernel_h and kernel_w together)")
-            if self.kh <= 0 or self.kw <= 0:
-                raise self.error(f"kernel size must be positive, got ({self.kh}, {self.kw})")
-        if has(p, "pad_h") or has(p, "pad_w"):
-            if has(p, "pad") or not (has(p, "pad_h") and has(p, "pad_w")):
-                raise self.error("give pad, or pad_h and pad_w together")
-            self.ph, self.pw = int(p.pad_h), int(p.pad_w)
-        else:
-            self.ph = self.pw = int(p.pad)
-        if has(p, "stride_h") or has(p, "stride_w"):
-            if has(p, "stride") or not (has(p, "stride_h") and has(p, "stride_w")):
-                raise self.error("give stride, or stride_h and stride_w together")
-            self.sh, self.sw = int(p.stride_h), int(p.stride_w)
-        else:
-            self.sh = self.sw = int(p.stride)
-        if self.sh <= 0 or self.sw <= 0:
-            raise self.error(f"stride must be positive, got ({self.sh}, {self.sw})")
+            self.kh, self.kw = hw_pair(self, p, "kernel", _given(p, "kernel_size"), None)
+        self.ph, self.pw = hw_pair(self, p, "pad", _given(p, "pad"), 0)
+        self.sh, self.sw = hw_pair(self, p, "stride", _given(p, "stride"), 1)
+        for what, a, b in (("kernel size", self.kh, self.kw), ("stride", self.sh, self.sw)):
+            if a is not None and (a <= 0 or b <= 0):
+                raise self.error(f"{what} must be positive, got ({a}, {b})")
         if self.global_pooling and (self.ph or self.pw or self.sh != 1 or self.sw != 1):
             raise self.error("global_pooling takes pad 0 and stride 1 only")
         if not self.global_pooling and (self.ph >= self.kh or self.pw >= self.kw):
@@ -137,6 +121,12 @@ class Pooling(Layer):
         dy, dx = top[0].diff, bottom[0].diff
         if self.method == "MAX":
             mask = self._mask[: top[0].count].reshape(top[0].shape)
-            self.backend.max_pool_bwd(dy, mask, dx)
+            self.backend.max_pool_bwd(dy, mask, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, dx)
         else:
             self.backend.ave_pool_bwd(dy, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, dx)
+
+
+def _given(p, field):
+    """A PoolingParameter's scalar ``field`` as the list form ``hw_pair`` reads: [value] when
+    set in the prototxt, [] when not (Convolution's fields are repeated; Pooling's are not)."""
+    return [getattr(p, field)] if has(p, field) else []
