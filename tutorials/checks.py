@@ -1,0 +1,239 @@
+"""The exercises' checks, one section per lesson (run them with ``python -m tutorials.check``).
+
+Each check gets the student's module (``tutorials/exercises/exNN.py``) or the reference solution
+and raises AssertionError with a message that says what is wrong.
+"""
+
+import numpy as np
+
+#: "NN.k" -> (title, function(module))
+CHECKS = {}
+
+
+def check(ex_id, title):
+    def register(fn):
+        CHECKS[ex_id] = (title, fn)
+        return fn
+
+    return register
+
+
+def close(got, want, what, rtol=1e-5, atol=1e-6):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    if not np.allclose(got, want, rtol=rtol, atol=atol):
+        i = np.unravel_index(np.argmax(np.abs(got - want)), got.shape)
+        raise AssertionError(f"{what}: at index {i} got {got[i]!r}, expected {want[i]!r} (rtol {rtol}, atol {atol})")
+
+
+# -- lesson 1: blobs and one layer -------------------------------------------------------------
+def _layer(text, bottoms_shapes, dtype=np.float64):
+    import minicaffe as caffe
+    from minicaffe import proto
+    from minicaffe.blob import Blob
+    from minicaffe.layer import create_layer
+
+    layer = create_layer(proto.parse(text, "LayerParameter"), caffe.backend.get("cpu"), dtype=dtype)
+    bottoms = [Blob(s, dtype=dtype) for s in bottoms_shapes]
+    tops = [Blob(dtype=dtype)]
+    return layer, bottoms, tops
+
+
+@check("01.1", "inner_product_backward matches minicaffe's InnerProduct layer")
+def _(mod):
+    rng = np.random.default_rng(1)
+    for m, k, n in [(1, 1, 1), (3, 5, 2), (7, 4, 9)]:
+        layer, (x,), (y,) = _layer(
+            f'name: "ip" type: "InnerProduct" inner_product_param {{ num_output: {n} }}', [(m, k)]
+        )
+        layer.setup([x], [y])
+        x.data[...] = rng.standard_normal(x.shape)
+        layer.blobs[0].data[...] = rng.standard_normal(layer.blobs[0].shape)
+        layer.forward([x], [y])
+        y.diff[...] = rng.standard_normal(y.shape)
+        for p in layer.blobs:
+            p.diff[...] = 0
+        layer.backward([y], [True], [x])
+        dx, dw, db = mod.inner_product_backward(x.data.copy(), layer.blobs[0].data.copy(), y.diff.copy())
+        close(dx, x.diff, f"dx for M={m} K={k} N={n}")
+        close(dw, layer.blobs[0].diff, f"dw for M={m} K={k} N={n}")
+        close(db, layer.blobs[1].diff, f"db for M={m} K={k} N={n}")
+
+
+@check("01.2", "numeric_gradient and relative_error")
+def _(mod):
+    v = np.array([[0.5, -1.0, 2.0], [3.0, 0.1, -0.7]])
+    before = v.copy()
+    got = mod.numeric_gradient(lambda: float((v**3).sum() + np.sin(v).sum()), v, 1e-5)
+    assert np.array_equal(v, before), "numeric_gradient must leave v as it found it"
+    close(got, 3 * v**2 + np.cos(v), "gradient of sum(v^3 + sin v)", rtol=1e-6, atol=1e-7)
+    close(mod.relative_error([1.0, 100.0, 0.0], [1.5, 101.0, 1e-3]), [0.5 / 1.5, 1 / 101, 1e-3], "relative_error")
+
+
+# -- lesson 2: nets from prototxt ---------------------------------------------------------------
+_SPLIT_NETS = [
+    """input: "x" input_shape { dim: 2 dim: 3 }
+    layer { name: "a" type: "ReLU" bottom: "x" top: "y" }
+    layer { name: "b" type: "ReLU" bottom: "y" top: "y" }
+    layer { name: "c" type: "Sigmoid" bottom: "y" top: "c" }
+    layer { name: "d" type: "TanH" bottom: "y" top: "d" }
+    layer { name: "e" type: "Eltwise" bottom: "x" bottom: "c" bottom: "d" top: "e" }""",
+    """input: "x" input_shape { dim: 2 dim: 3 }
+    layer { name: "a" type: "ReLU" bottom: "x" top: "a" }
+    layer { name: "b" type: "Eltwise" bottom: "a" bottom: "a" top: "b" }
+    layer { name: "c" type: "ReLU" bottom: "b" top: "c" }""",
+    """input: "x" input_shape { dim: 2 dim: 3 }
+    layer { name: "a" type: "ReLU" bottom: "x" top: "a" }
+    layer { name: "b" type: "ReLU" bottom: "a" top: "b" }""",
+    """input: "data" input_shape { dim: 4 dim: 1 dim: 12 dim: 12 }
+    input: "label" input_shape { dim: 4 }
+    layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 2 kernel_size: 5 } }
+    layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+    layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 3 } }
+    layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+    layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" include { phase: TEST } }
+    layer { name: "acc5" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc5" include { phase: TRAIN } }""",
+]
+
+
+@check("02.1", "split_plan predicts the Split layers the Net inserts")
+def _(mod):
+    import minicaffe as caffe
+    from minicaffe import proto
+    from minicaffe.net import filter_layers
+
+    for text in _SPLIT_NETS:
+        param = proto.parse(text, "NetParameter")
+        net = caffe.Net(param, caffe.TEST)
+        layers = [("input", [], list(param.input))]
+        layers += [(lp.name, list(lp.bottom), list(lp.top)) for lp in filter_layers(list(param.layer), caffe.TEST)]
+        want, order = {}, list(net.layer_dict)
+        for i, (name, layer) in enumerate(net.layer_dict.items()):
+            if layer.type == "Split":
+                blob = net.bottom_names[name][0]
+                producer = next(n for n in reversed(order[:i]) if blob in net.top_names[n])
+                want[(producer, blob)] = len(net.top_names[name])
+        got = mod.split_plan(layers)
+        assert got == want, f"for the net\n{text}\nexpected {want}, got {got}"
+
+
+@check("02.2", "SIAMESE_MLP builds a two-tower net with shared weights")
+def _(mod):
+    import minicaffe as caffe
+    from minicaffe import proto
+
+    net = caffe.Net(proto.parse(mod.SIAMESE_MLP, "NetParameter"), caffe.TRAIN)
+    ips = [(n, l) for n, l in net.layer_dict.items() if l.type == "InnerProduct"]
+    assert len(ips) == 2, f"expected two InnerProduct layers, found {[n for n, _ in ips]}"
+    (na, la), (nb, lb) = ips
+    for n, l in ips:
+        assert l.blobs[0].shape == (16, 8), f"{n}: weights {l.blobs[0].shape}, expected (16, 8)"
+    assert np.shares_memory(la.blobs[0].data, lb.blobs[0].data), f"{na} and {nb} do not share weights"
+    assert len(la.blobs) == 2 and np.shares_memory(la.blobs[1].data, lb.blobs[1].data), (
+        f"{na} and {nb} do not share the bias"
+    )
+    assert sum(1 for l in net.layers if l.type == "ReLU") == 2, "each tower needs a ReLU"
+    assert any(l.type == "EuclideanLoss" for l in net.layers), "the net needs an EuclideanLoss"
+    x = np.random.default_rng(0).standard_normal((2, 8))
+    out = net.forward(a=x, b=x)
+    assert float(out[net.outputs[0]]) == 0.0, "the same input through shared towers must give distance 0"
+    out = net.forward(a=x, b=-x)
+    assert float(out[net.outputs[0]]) > 0.0, "different inputs should give a positive distance"
+
+
+# -- lesson 3: convolution as im2col + GEMM ------------------------------------------------------
+_GEOMS = [(1, 4, 4, 3, 1, 0), (2, 5, 7, 3, 2, 1), (3, 6, 5, 2, 1, 1), (1, 9, 9, 5, 3, 2)]  # C, H, W, k, stride, pad
+
+
+@check("03.1", "im2col_strided matches kernels.im2col's reference")
+def _(mod):
+    from kernels.im2col import im2col_reference
+
+    rng = np.random.default_rng(3)
+    for C, H, W, k, s, p in _GEOMS:
+        x = rng.standard_normal((C, H, W))
+        got = mod.im2col_strided(x, k, s, p)
+        close(
+            got, im2col_reference(x[None], k, k, p, p, s, s, 1, 1), f"im2col of x {x.shape}, k={k}, stride={s}, pad={p}"
+        )
+
+
+@check("03.2", "conv_by_gemm matches the definition of convolution")
+def _(mod):
+    from kernels.conv import conv_fwd_reference
+
+    rng = np.random.default_rng(4)
+    for C, H, W, k, s, p in _GEOMS:
+        x = rng.standard_normal((2, C, H, W))
+        w = rng.standard_normal((3, C, k, k))
+        b = rng.standard_normal(3)
+        got = mod.conv_by_gemm(x, w, b, s, p)
+        close(
+            got,
+            conv_fwd_reference(x, w, b, p, p, s, s, 1, 1),
+            f"conv of x {x.shape}, w {w.shape}, stride={s}, pad={p}",
+            atol=1e-5,
+        )
+
+
+# -- lesson 4: the GEMM ladder ---------------------------------------------------------------------
+@check("04.1", "matmul_ikj multiplies (any shapes, float32)")
+def _(mod):
+    rng = np.random.default_rng(5)
+    for m, k, n in [(1, 1, 1), (3, 5, 2), (17, 9, 33), (64, 64, 64)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        got = mod.matmul_ikj(a, b)
+        assert got.dtype == np.float32, f"the result should be float32, got {got.dtype}"
+        close(got, a.astype(np.float64) @ b, f"matmul_ikj of {a.shape} @ {b.shape}", rtol=1e-4, atol=1e-4)
+    assert hasattr(mod.matmul_ikj, "py_func"), "decorate matmul_ikj with @numba.njit"
+
+
+@check("04.2", "gemm_intensity and roofline")
+def _(mod):
+    close(mod.gemm_intensity(2, 2, 3), 24 / (4 * (6 + 6 + 4)), "gemm_intensity(2, 2, 3)")
+    close(mod.gemm_intensity(1024, 1024, 1024), 1024 / 6, "gemm_intensity(1024, 1024, 1024)")
+    close(
+        mod.gemm_intensity(1, 4096, 4096),
+        2 * 4096 * 4096 / (4 * (4096 + 4096 * 4096 + 4096)),
+        "a matrix-vector product",
+    )
+    close(mod.roofline(0.25, 100e9, 20e9), 5e9, "roofline below the ridge")
+    close(mod.roofline(50.0, 100e9, 20e9), 100e9, "roofline above the ridge")
+
+
+# -- lesson 7: training LeNet ----------------------------------------------------------------------
+@check("07.1", "learning_rate agrees with minicaffe's lr policies")
+def _(mod):
+    from minicaffe import proto
+    from minicaffe.solvers import lr_policy
+
+    cases = {
+        "fixed": {},
+        "step": {"gamma": 0.1, "stepsize": 300},
+        "exp": {"gamma": 0.999},
+        "inv": {"gamma": 1e-4, "power": 0.75},
+        "poly": {"power": 0.5, "max_iter": 1000},
+    }
+    for policy, kw in cases.items():
+        text = f'base_lr: 0.01 lr_policy: "{policy}" ' + " ".join(f"{k}: {v}" for k, v in kw.items())
+        p = proto.parse(text, "SolverParameter")
+        for it in (0, 1, 299, 300, 301, 999):
+            want = lr_policy.learning_rate(p, it)
+            got = mod.learning_rate(policy, 0.01, it, **kw)
+            close(got, want, f"{policy} {kw} at iteration {it}", rtol=1e-9, atol=0)
+
+
+@check("07.2", "sgd_momentum_step agrees with kernels.sgd's reference")
+def _(mod):
+    from kernels.sgd import sgd_momentum_update_reference
+
+    rng = np.random.default_rng(7)
+    w, g, h = (rng.standard_normal(50) for _ in range(3))
+    saved = [a.copy() for a in (w, g, h)]
+    for lr, m, wd in [(0.01, 0.9, 5e-4), (0.1, 0.0, 0.0), (1.0, 0.5, 0.1)]:
+        got_w, got_h = mod.sgd_momentum_step(w, g, h, lr, m, wd)
+        want_w, want_h = sgd_momentum_update_reference(w, g, h, lr, m, wd)
+        close(got_w, want_w, f"new w (lr {lr}, momentum {m}, decay {wd})")
+        close(got_h, want_h, f"new h (lr {lr}, momentum {m}, decay {wd})")
+    assert all(np.array_equal(a, b) for a, b in zip((w, g, h), saved)), "the inputs must not be modified"
