@@ -49,6 +49,11 @@ class Dataset:
     def __len__(self):
         return self.images.shape[0]
 
+    def gather(self, indices):
+        """(images (n, C, H, W), labels (n,) or None) of the images at ``indices`` (the readers'
+        one access to a data set, so file-backed data sets can read only what is asked for)."""
+        return self.images[indices], None if self.labels is None else self.labels[indices]
+
     @property
     def shape(self):
         """The shape of one image, (C, H, W)."""

@@ -74,14 +74,32 @@ class BatchReader:
     def produce(self, epoch, index):
         """-> (data (B, C, h, w) of ``dtype``, labels (B,) of ``dtype`` or None, next position)."""
         idx, after = self.indices(epoch, index)
-        images = self.dataset.images[idx]
+        images, labels = self.dataset.gather(idx)
         if self.transformer is not None:
             rng = np.random.default_rng([self.seed, 1, epoch, index]) if self.transformer.random else None
-            data = self.transformer(images, rng)
+            if isinstance(images, list):  # records of different sizes: one at a time
+                data = _stack_same([self.transformer(im[None], rng)[0] for im in images], self.dataset.name)
+            else:
+                data = self.transformer(images, rng)
         else:
-            data = images.astype(self.dtype)
-        labels = None if self.dataset.labels is None else self.dataset.labels[idx].astype(self.dtype)
+            data = _stack_same(images, self.dataset.name).astype(self.dtype)
+        labels = None if labels is None else labels.astype(self.dtype)
         return data, labels, after
+
+
+def _stack_same(images, name):
+    """One (N, C, H, W) array from a list of (C, H, W) (or an array as it is); a clear error when
+    the images are of different sizes (without crop_size every image must be of one size)."""
+    if not isinstance(images, list):
+        return images
+    shapes = sorted({im.shape for im in images})
+    if len(shapes) > 1:
+        raise DatasetError(
+            f"'{name}': one batch holds images of shapes {', '.join(map(str, shapes))}; a batch is one "
+            f"array, so every image must be of one size after the transform (set crop_size, or resize "
+            f"the images when converting them)"
+        )
+    return np.stack(images)
 
 
 class _Failed:

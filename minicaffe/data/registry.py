@@ -1,16 +1,18 @@
 """The dataset registry: what a prototxt's ``data_param { source: "..." }`` names.
 
-Caffe's Data layer reads an LMDB at the path in ``source``; minicaffe has no LMDB, so ``source``
-is a *name* looked up here, first match wins:
+Caffe's Data layer reads the LMDB or LevelDB at the path in ``source``; minicaffe does too, and
+also accepts dataset *names*.  First match wins:
 
 ====================================================  ============================================
 ``source``                                             dataset
 ====================================================  ============================================
 a name given to :func:`register_dataset`               your arrays (exact name; checked first)
 ``mnist_train`` / ``mnist_test``                       MNIST, 60,000 / 10,000 images 1x28x28 uint8
+the path of an LMDB or LevelDB directory               its Datum records, in key order, read as
+                                                       needed (:mod:`.db`, :mod:`.sources`)
 any path ending in ``mnist_train_lmdb`` or             MNIST train / test, so Caffe's
-``mnist_train_leveldb`` (``mnist_test_*``)             ``examples/mnist/lenet_train_test.prototxt``
-                                                       runs unchanged
+``mnist_train_leveldb`` (``mnist_test_*``) that is     ``examples/mnist/lenet_train_test.prototxt``
+not a database on disk                                 runs unchanged without converting MNIST
 ``cifar10_train`` / ``cifar10_test``                   CIFAR-10 binary batches (user-provided files),
                                                        50,000 / 10,000 images 3x32x32 uint8
 any path ending in ``cifar10_train_lmdb`` /            CIFAR-10 train / test (Caffe's
@@ -38,6 +40,7 @@ import numpy as np
 from . import cifar10, mnist, synthetic
 from ._util import DatasetError, data_dir
 from .dataset import Dataset
+from .db import detect_backend
 
 _user = {}  # name -> Dataset or factory
 _loaded = {}  # (canonical name, data dir) -> Dataset
@@ -95,6 +98,7 @@ def known_sources():
     """{name: description} of every name ``source`` may take (patterns shown as patterns)."""
     out = {name: "registered by register_dataset" for name in _user}
     out.update({name: desc for name, (desc, _) in BUILTIN.items()})
+    out["<path of an LMDB/LevelDB>"] = "Caffe's Datum database (convert_imageset, convert_mnist_data)"
     out.update({f".../{path}": f"Caffe's database path, read as {name}" for path, name in CAFFE_PATHS.items()})
     out["synthetic:CxHxW[:classes[:count[:seed]]]"] = "seeded synthetic images of any shape"
     out["<path>.npz"] = "arrays 'images' (or 'data') and 'labels' from an .npz file"
@@ -108,6 +112,8 @@ def resolve_source(source):
         return source
     if source.startswith("synthetic"):
         return source
+    if detect_backend(source):
+        return source
     tail = source.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
     if tail in CAFFE_PATHS:
         return CAFFE_PATHS[tail]
@@ -115,16 +121,29 @@ def resolve_source(source):
         return source
     listing = "\n".join(f"  {k:44s} {v}" for k, v in known_sources().items())
     raise DatasetError(
-        f"unknown data source '{source}'. minicaffe reads no LMDB/LevelDB: a source is a dataset name. Known:\n"
+        f"unknown data source '{source}': no LMDB or LevelDB database there, and not a dataset name. Known:\n"
         f"{listing}\n"
         f"Register your own with minicaffe.data.register_dataset('{tail or 'name'}', images, labels) before "
         f"building the net."
     )
 
 
-def get_dataset(source):
-    """The :class:`Dataset` for a ``source`` string, loaded (and fetched) on first use."""
+def get_dataset(source, backend=None, is_color=None):
+    """The :class:`Dataset` for a ``source`` string, loaded (and fetched) on first use.
+
+    A database path gives a :class:`~minicaffe.data.sources.DatumDBDataset` (``backend`` is a
+    hint used only when the files do not tell; ``is_color`` None decodes encoded images with
+    their own channels, True/False forces colour/grey).
+    """
     name = resolve_source(source)
+    if name not in _user and detect_backend(name):
+        from .sources import DatumDBDataset
+
+        key = ("db", str(Path(name).resolve()), is_color)
+        with _lock:
+            if key not in _loaded:
+                _loaded[key] = DatumDBDataset(name, backend, is_color)
+            return _loaded[key]
     key = (name, str(data_dir()))
     with _lock:
         if key in _loaded:

@@ -179,8 +179,12 @@ def compute_image_mean(source):
     """Per-pixel mean (C, H, W) float64 of a data source's images (Caffe's compute_image_mean)."""
     from .registry import get_dataset
 
-    images = get_dataset(source).images
-    total = np.zeros(images.shape[1:], dtype=np.float64)
-    for start in range(0, images.shape[0], 4096):  # chunks: no float64 copy of the whole set
-        total += images[start : start + 4096].sum(axis=0, dtype=np.float64)
-    return total / images.shape[0]
+    dataset = get_dataset(source)
+    n = len(dataset)
+    total = np.zeros(dataset.shape, dtype=np.float64)
+    for start in range(0, n, 4096):  # chunks: no float64 copy of the whole set
+        images, _ = dataset.gather(np.arange(start, min(start + 4096, n)))
+        if isinstance(images, list) or images.shape[1:] != total.shape:
+            raise DatasetError(f"compute_image_mean: the images of '{source}' are not all of one shape")
+        total += images.sum(axis=0, dtype=np.float64)
+    return total / n

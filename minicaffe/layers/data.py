@@ -1,5 +1,5 @@
-"""Data: batches of a named dataset, transformed, made ahead by a prefetch thread (Caffe's
-DataLayer, with a dataset registry where Caffe has an LMDB).
+"""Data: batches of an LMDB / LevelDB of Datum records or of a named dataset, transformed, made
+ahead by a prefetch thread (Caffe's DataLayer).
 
     layer { name: "mnist" type: "Data" top: "data" top: "label"
             include { phase: TRAIN }
@@ -9,14 +9,20 @@ DataLayer, with a dataset registry where Caffe has an LMDB).
 tops:  data (batch_size, C, h, w) in the net's float type (h, w = crop_size when cropping);
        label (batch_size,) float, optional.
 
-``source`` is looked up in :mod:`minicaffe.data.registry` (``mnist_train``, ``cifar10_test``,
-``synthetic:3x32x32:10``, Caffe's ``examples/mnist/mnist_train_lmdb``..., or a name given to
-``minicaffe.data.register_dataset``).  ``transform_param`` is Caffe's (scale, mean_value,
-mean_file, mirror, crop_size; see :mod:`minicaffe.data.transform`).
+``source`` is looked up in :mod:`minicaffe.data.registry`: the path of an LMDB or LevelDB
+(Caffe's ``convert_imageset`` / ``convert_mnist_data`` output, or minicaffe's tools of the same
+names), ``mnist_train``, ``cifar10_test``, ``synthetic:3x32x32:10``, Caffe's
+``examples/mnist/mnist_train_lmdb`` when no database is there (read as MNIST), or a name given to
+``minicaffe.data.register_dataset``.  A database's records are decoded one by one as batches
+need them (raw and encoded Datums; encoded images keep their own channels unless
+``transform_param { force_color / force_gray }`` or ``data_param { force_encoded_color }``).
+``transform_param`` is Caffe's (scale, mean_value, mean_file, mirror, crop_size; see
+:mod:`minicaffe.data.transform`).
 
-Order: at TRAIN the images are shuffled afresh every epoch; at TEST they are read in order, as
-Caffe reads its LMDB.  A source may override this with a suffix: ``"mnist_train?shuffle=false"``
-or ``"mnist_test?shuffle=true"`` (Caffe's DataParameter has no shuffle field).  The shuffles and
+Order: a database is read in key order at every phase, wrapping around at the end, as Caffe's
+cursor.  A named dataset is shuffled afresh every epoch at TRAIN and read in order at TEST.  A
+source may override either with a suffix: ``"path/to/train_lmdb?shuffle=true"`` or
+``"mnist_train?shuffle=false"`` (Caffe's DataParameter has no shuffle field).  The shuffles and
 random crops/flips are seeded from ``minicaffe.set_random_seed`` (the solver's ``random_seed``),
 the layer's name and phase; with no seed set they differ from run to run.
 
@@ -32,6 +38,7 @@ import zlib
 import numpy as np
 
 from ..data import BatchReader, DatasetError, Prefetcher, Transformer, get_dataset
+from ..data.sources import DatumDBDataset
 from ..layer import register
 from ..rng import get_seed
 from .data_base import DataLayer
@@ -75,7 +82,11 @@ class Data(DataLayer):
             raise self.error("data_param { batch_size: ... } is required and must be positive")
         try:
             name, options = split_source(dp.source)
-            dataset = get_dataset(name)
+            tp = self.param.transform_param
+            if tp.force_color and tp.force_gray:
+                raise DatasetError("transform_param: force_color and force_gray cannot both be set")
+            is_color = True if (tp.force_color or dp.force_encoded_color) else False if tp.force_gray else None
+            dataset = get_dataset(name, backend=dp.backend if dp.has("backend") else None, is_color=is_color)
             transformer = Transformer.from_param(self.param.transform_param, self.phase, self.dtype)
             self.image_shape = transformer.output_shape(dataset.shape)
         except DatasetError as e:
@@ -84,7 +95,8 @@ class Data(DataLayer):
             raise self.error(f"has a label top but the dataset '{name}' has no labels")
         self.dataset = dataset
         self.batch_size = int(dp.batch_size)
-        shuffle = options.get("shuffle", self.phase == "TRAIN")
+        in_key_order = isinstance(dataset, DatumDBDataset)  # Caffe's cursor order for databases
+        shuffle = options.get("shuffle", self.phase == "TRAIN" and not in_key_order)
         reader = BatchReader(
             dataset,
             self.batch_size,

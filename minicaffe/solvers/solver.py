@@ -42,10 +42,11 @@ Where runtimes join a solver (declared seams; a runtime never replaces a solver'
 
 Subclasses implement ``compute_update_value(i, rate)`` (turn ``param.diff`` into the step) and
 name their history buffers.  Snapshots: weights as ``<prefix>_iter_<N>.caffemodel`` (Caffe's
-binary format) and the solver state as ``<prefix>_iter_<N>.solverstate``.  The state is NOT Caffe's
-SolverState protobuf: it is an .npz (history arrays + a JSON record of the iteration, the RNG and
-the data readers' positions; no pickle), because an exact resume needs the RNG and reader
-positions that Caffe's format has no field for.
+binary format) and the solver state as ``<prefix>_iter_<N>.solverstate``.  By default the state is
+an .npz (history arrays + a JSON record of the iteration, the RNG and the data readers' positions;
+no pickle), because an exact resume needs the RNG and reader positions that Caffe's format has no
+field for; ``snapshot_format: BINARYPROTO`` set in the solver writes Caffe's SolverState instead,
+and ``restore`` reads either (``caffe_state.py``).
 """
 
 import json
@@ -60,7 +61,7 @@ from ..errors import SolverError
 from ..io import atomic_write, save_weights
 from ..layers.data_base import DataLayer
 from ..net import TEST, TRAIN, Net, load_net_param
-from . import lr_policy
+from . import caffe_state, lr_policy
 
 STATE_FORMAT = "minicaffe-solverstate-1"
 #: what a callback object given to ``Solver.add_callback`` may define (Caffe's Solver::Callback + three)
@@ -429,7 +430,10 @@ class Solver:
         self.log(f"Snapshotting to binary proto file {weights}")
         save_weights(self.net, weights)
         self.log(f"Snapshotting solver state to {state}")
-        self.save_state(state, weights)
+        if caffe_state.wants_caffe_format(self.param):  # Caffe's SolverState (see caffe_state.py)
+            caffe_state.save(self, state, weights)
+        else:
+            self.save_state(state, weights)
         self._call("on_snapshot", weights, state)
         for cb in self.on_snapshot:
             cb(self, weights, state)
@@ -470,6 +474,8 @@ class Solver:
         state_path = os.fspath(state_path)
         if not os.path.exists(state_path):
             raise SolverError(f"solver state not found: {state_path}")
+        if caffe_state.is_caffe_state(state_path):  # one Caffe wrote (see caffe_state.py)
+            return caffe_state.restore(self, state_path)
         try:
             z = np.load(state_path, allow_pickle=False)
             record = json.loads(bytes(z["record"]).decode())
