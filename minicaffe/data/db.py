@@ -22,6 +22,7 @@ short read transaction, so the prefetch thread and the caller may read at once.
 """
 
 import os
+import threading
 from pathlib import Path
 
 from ._util import DatasetError
@@ -85,6 +86,25 @@ class DB:
         return f"{self.backend} database '{self.path}', key '{key.decode('utf-8', 'replace')}'"
 
 
+_envs = {}  # (real path, inode of data.mdb) -> open read-only lmdb.Environment
+_envs_lock = threading.Lock()
+_leveldbs = {}  # real path -> open plyvel.DB
+
+
+def _shared_env(path):
+    """One read-only environment per database file and process: LMDB forbids opening the same
+    environment twice in a process (py-lmdb refuses), and a train and a test net, or a tool and
+    a net, may read the same database."""
+    lmdb = _lmdb()
+    subdir = os.path.isdir(path)
+    data = os.path.join(path, "data.mdb") if subdir else path
+    key = (os.path.realpath(data), os.stat(data).st_ino)
+    with _envs_lock:
+        if key not in _envs:
+            _envs[key] = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=subdir, max_readers=512)
+        return _envs[key]
+
+
 class LMDBReader(DB):
     backend = "LMDB"
 
@@ -92,14 +112,7 @@ class LMDBReader(DB):
         super().__init__(path)
         lmdb = _lmdb()
         try:
-            self.env = lmdb.open(
-                self.path,
-                readonly=True,
-                lock=False,
-                readahead=False,
-                subdir=os.path.isdir(self.path),
-                max_readers=512,
-            )
+            self.env = _shared_env(self.path)
             with self.env.begin(buffers=False) as txn:
                 self.keys = list(txn.cursor().iternext(keys=True, values=False))
         except lmdb.Error as e:
@@ -118,9 +131,6 @@ class LMDBReader(DB):
             raise DatasetError(f"{self.where(key)}: the record is gone (was the database changed while open?)")
         return value
 
-    def close(self):
-        self.env.close()
-
 
 class LevelDBReader(DB):
     backend = "LEVELDB"
@@ -129,7 +139,11 @@ class LevelDBReader(DB):
         super().__init__(path)
         plyvel = _plyvel()
         try:
-            self.db = plyvel.DB(self.path, create_if_missing=False, max_open_files=100)
+            key = os.path.realpath(self.path)
+            with _envs_lock:  # LevelDB locks its directory: one handle per process, shared
+                if key not in _leveldbs or _leveldbs[key].closed:
+                    _leveldbs[key] = plyvel.DB(self.path, create_if_missing=False, max_open_files=100)
+                self.db = _leveldbs[key]
             self.keys = list(self.db.iterator(include_value=False))
         except plyvel.Error as e:
             raise DatasetError(f"LevelDB database '{self.path}' cannot be read: {e}") from None
@@ -143,9 +157,6 @@ class LevelDBReader(DB):
         if value is None:
             raise DatasetError(f"{self.where(key)}: the record is gone (was the database changed while open?)")
         return value
-
-    def close(self):
-        self.db.close()
 
 
 def open_db(path, backend=None):

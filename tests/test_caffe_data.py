@@ -1,0 +1,245 @@
+"""Caffe's data files: Datum bytes against caffe.proto, databases written by minicaffe's tools
+(convert_imageset, convert_mnist_data, compute_image_mean) and read back by the Data layer in
+key order, with transform_param as Caffe applies it; and the errors of bad input."""
+
+import struct
+
+import numpy as np
+import pytest
+
+from minicaffe import backend, proto
+from minicaffe.blob import Blob
+from minicaffe.data import DatasetError
+from minicaffe.data.datum import decode_datum, encode_datum
+from minicaffe.data.db import Writer, open_db
+from minicaffe.data.idx import write_idx
+from minicaffe.errors import LayerError
+from minicaffe.layer import create_layer
+from minicaffe.tools import compute_image_mean, convert_imageset, convert_mnist_data
+
+pytest.importorskip("lmdb", reason="the data extra (lmdb) is not installed")
+Image = pytest.importorskip("PIL.Image", reason="the data extra (Pillow) is not installed")
+
+
+CPU = backend.get("cpu")
+
+
+def quiet(*_):
+    pass
+
+
+@pytest.fixture
+def pngs(tmp_path):
+    """Five colour PNGs 6x7 and their list file; -> (root, list path, RGB arrays, labels)."""
+    rng = np.random.default_rng(3)
+    root = tmp_path / "img"
+    root.mkdir()
+    arrays, labels, lines = [], [], []
+    for i in range(5):
+        a = rng.integers(0, 256, (6, 7, 3), dtype=np.uint8)
+        Image.fromarray(a).save(root / f"im {i}.png")  # a space in the name: split at the last space
+        arrays.append(a)
+        labels.append(i % 3)
+        lines.append(f"im {i}.png {i % 3}")
+    listing = tmp_path / "list.txt"
+    listing.write_text("\n".join(lines) + "\n")
+    return str(root) + "/", str(listing), arrays, labels
+
+
+def bgr(rgb):
+    return rgb[:, :, ::-1].transpose(2, 0, 1)
+
+
+def data_layer(source, batch, phase="TEST", transform="", dtype=np.float32):
+    text = (
+        f'name: "data" type: "Data" top: "data" top: "label" transform_param {{ {transform} }} '
+        f'data_param {{ source: "{source}" batch_size: {batch} backend: LMDB }}'
+    )
+    layer = create_layer(proto.parse(text, "LayerParameter"), CPU, dtype=dtype, phase=phase)
+    top = [Blob((), dtype=dtype, name="data"), Blob((), dtype=dtype, name="label")]
+    layer.setup([], top)
+    return layer, top
+
+
+# -- the Datum's bytes ---------------------------------------------------------------------------
+def test_raw_datum_bytes_are_what_caffes_convert_imageset_writes():
+    image = np.arange(12, dtype=np.uint8).reshape(3, 2, 2)
+    got = encode_datum(image, 7)
+    # channels=1:3 height=2:2 width=3:2 data=4:<12 bytes> label=5:7 encoded=7:false
+    assert got == bytes([0x08, 3, 0x10, 2, 0x18, 2, 0x22, 12]) + image.tobytes() + bytes([0x28, 7, 0x38, 0])
+    # convert_mnist_data never sets `encoded`
+    assert encode_datum(image, 7, set_encoded=False) == got[:-2]
+    back, label = decode_datum(got)
+    np.testing.assert_array_equal(back, image)
+    assert label == 7
+
+
+def test_encoded_datum_and_float_data():
+    assert encode_datum(label=2, encoded_bytes=b"\x89PNG") == bytes([0x22, 4]) + b"\x89PNG" + bytes([0x28, 2, 0x38, 1])
+    f = np.array([[[0.5, -1.0]]], dtype=np.float32)
+    enc = encode_datum(f, 1)
+    assert bytes([0x35]) + struct.pack("<f", 0.5) in enc  # float_data (6) unpacked, as caffe.proto declares it
+    back, _ = decode_datum(enc)
+    np.testing.assert_array_equal(back, f)
+
+
+def test_a_datum_of_the_wrong_size_is_refused_before_anything_is_allocated():
+    d = proto.Message("Datum", channels=3, height=100000, width=100000, data=b"\x00" * 4, label=1)
+    with pytest.raises(
+        DatasetError, match=r"where: the Datum says 3 x 100000 x 100000 = 30000000000 pixels but carries 4 bytes"
+    ):
+        decode_datum(proto.encode(d), "where")
+    with pytest.raises(DatasetError, match="rec: not a Datum record"):
+        decode_datum(b"\x22\xff\xff\x01abc", "rec")  # data says 32767 bytes, 3 follow
+
+
+# -- the tools -----------------------------------------------------------------------------------
+def test_convert_imageset_then_the_data_layer_reads_caffes_layout(tmp_path, pngs):
+    root, listing, arrays, labels = pngs
+    db = str(tmp_path / "train_lmdb")
+    assert convert_imageset.main([root, listing, db]) == 0
+    store = open_db(db)
+    assert store.keys == [f"{i:08d}_im {i}.png".encode() for i in range(5)]
+    assert store.get(store.keys[2]) == encode_datum(bgr(arrays[2]), labels[2])
+    layer, top = data_layer(db, 3, transform="scale: 0.5")
+    seen = []
+    for step in range(4):  # 12 images: key order, wrapping around at 5, at TEST and TRAIN alike
+        layer.forward([], top)
+        idx = [(3 * step + j) % 5 for j in range(3)]
+        np.testing.assert_array_equal(top[0].data, np.stack([bgr(arrays[i]) for i in idx]).astype(np.float32) * 0.5)
+        seen += top[1].data.astype(int).tolist()
+    assert seen == [labels[i % 5] for i in range(12)]
+    layer.stop()
+    train, ttop = data_layer(db, 5, phase="TRAIN")
+    train.forward([], ttop)
+    assert ttop[1].data.astype(int).tolist() == labels  # no shuffle by default for a database
+    train.stop()
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_encoded_gray_resized_and_shuffled(tmp_path, pngs, backend):
+    if backend == "leveldb":
+        pytest.importorskip("plyvel", reason="the data extra (plyvel) is not installed")
+    root, listing, arrays, labels = pngs
+    db = str(tmp_path / "enc_db")
+    args = [root, listing, db, f"--backend={backend}", "--encoded", "--shuffle", "--seed=4"]
+    assert convert_imageset.main(args) == 0
+    store = open_db(db)
+    order = np.random.default_rng(4).permutation(5)
+    assert store.keys == [f"{j:08d}_im {i}.png".encode() for j, i in enumerate(order)]
+    value = store.get(store.keys[0])
+    d = proto.decode(value, "Datum")
+    assert d.encoded and d.data == open(f"{root}im {order[0]}.png", "rb").read()  # the file's own bytes
+    image, label = decode_datum(value)
+    np.testing.assert_array_equal(image, bgr(arrays[order[0]]))
+    gray_db = str(tmp_path / "gray_db")
+    assert convert_imageset.main([root, listing, gray_db, "--gray", "--resize_height=4", "--resize_width=5"]) == 0
+    image, _ = decode_datum(open_db(gray_db).get(b"00000001_im 1.png"))
+    want = np.asarray(Image.fromarray(arrays[1]).convert("L").resize((5, 4), Image.BILINEAR))
+    np.testing.assert_array_equal(image, want[None])
+
+
+def test_convert_imageset_skips_a_missing_image_naming_its_line(tmp_path, pngs, capsys):
+    root, listing, _, _ = pngs
+    with open(listing, "a") as f:
+        f.write("nowhere.png 1\n")
+    assert convert_imageset.main([root, listing, str(tmp_path / "db")]) == 0
+    out = capsys.readouterr()
+    assert f"{listing}:6: cannot read image" in out.out and "skipped" in out.err
+    assert len(open_db(str(tmp_path / "db"))) == 5
+
+
+def test_convert_mnist_data_writes_caffes_records(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (3, 28, 28), dtype=np.uint8)
+    labels = np.array([7, 2, 1], dtype=np.uint8)
+    write_idx(tmp_path / "img-idx3-ubyte.gz", images)
+    write_idx(tmp_path / "lab-idx1-ubyte", labels)
+    db = str(tmp_path / "mnist_train_lmdb")
+    assert convert_mnist_data.main([str(tmp_path / "img-idx3-ubyte.gz"), str(tmp_path / "lab-idx1-ubyte"), db]) == 0
+    store = open_db(db)
+    assert store.keys == [b"00000000", b"00000001", b"00000002"]
+    assert store.get(b"00000001") == bytes([0x08, 1, 0x10, 28, 0x18, 28, 0x22, 0x90, 0x06]) + images[
+        1
+    ].tobytes() + bytes([0x28, 2])
+    # a path ending in mnist_train_lmdb that exists is read as the database, not as built-in MNIST
+    layer, top = data_layer(db, 3, transform="scale: 0.00390625")
+    layer.forward([], top)
+    np.testing.assert_array_equal(top[0].data[:, 0], images.astype(np.float32) * np.float32(0.00390625))
+    np.testing.assert_array_equal(top[1].data, labels)
+    layer.stop()
+
+
+def test_compute_image_mean_bytes_and_its_use_as_mean_file(tmp_path, pngs):
+    root, listing, arrays, labels = pngs
+    db = str(tmp_path / "db")
+    convert_imageset.main([root, listing, db])
+    mean_path = tmp_path / "mean.binaryproto"
+    assert compute_image_mean.main([db, str(mean_path)]) == 0
+    stack = np.stack([bgr(a) for a in arrays]).astype(np.float32)
+    mean = (stack.sum(0) / np.float32(5)).astype(np.float32)
+    # num=1:1 channels=2:3 height=3:6 width=4:7 data=5:packed floats
+    payload = mean.astype("<f4").tobytes()
+    head = bytes([0x08, 1, 0x10, 3, 0x18, 6, 0x20, 7, 0x2A]) + bytes([len(payload) & 0x7F | 0x80, len(payload) >> 7])
+    assert mean_path.read_bytes() == head + payload
+    layer, top = data_layer(db, 5, transform=f'mean_file: "{mean_path}" crop_size: 4 scale: 0.25')
+    layer.forward([], top)
+    want = ((stack - mean)[:, :, 1:5, 1:5]) * np.float32(0.25)  # TEST: the centre crop, mean in the full frame
+    np.testing.assert_array_equal(top[0].data, want)
+    layer.stop()
+    layer, top = data_layer(db, 5, transform="mean_value: 10 mean_value: 20 mean_value: 30")
+    layer.forward([], top)
+    np.testing.assert_array_equal(top[0].data, stack - np.float32([10, 20, 30])[None, :, None, None])
+    layer.stop()
+
+
+def test_shuffle_is_an_explicit_option_for_a_database(tmp_path, pngs):
+    root, listing, _, labels = pngs
+    db = str(tmp_path / "db")
+    convert_imageset.main([root, listing, db])
+    layer, top = data_layer(f"{db}?shuffle=true", 5, phase="TRAIN")
+    epochs = []
+    for _ in range(3):
+        layer.forward([], top)
+        epochs.append(top[1].data.astype(int).tolist())
+    layer.stop()
+    assert all(sorted(e) == sorted(labels) for e in epochs)
+    assert len({tuple(e) for e in epochs}) > 1  # a fresh order per epoch
+
+
+# -- bad input -----------------------------------------------------------------------------------
+def test_a_corrupt_database_names_the_file(tmp_path):
+    bad = tmp_path / "bad_lmdb"
+    bad.mkdir()
+    (bad / "data.mdb").write_bytes(b"\x00garbage" * 1000)
+    with pytest.raises(LayerError, match="LMDB database '.*bad_lmdb' cannot be read"):
+        data_layer(str(bad), 2)
+
+
+def test_a_bad_record_names_the_database_and_the_key(tmp_path):
+    db = str(tmp_path / "db")
+    good = encode_datum(np.zeros((1, 2, 2), np.uint8), 0)
+    bad = proto.encode(proto.Message("Datum", channels=1, height=2, width=2, data=b"\x01", label=1))
+    with Writer(db, "LMDB") as w:
+        w.put("00000000", good)
+        w.put("00000001", bad)
+    layer, top = data_layer(db, 1)
+    layer.forward([], top)
+    with pytest.raises(
+        LayerError,
+        match=r"LMDB database '.*db', key '00000001': the Datum says 1 x 2 x 2 = 4 pixels but carries 1 bytes",
+    ):
+        layer.forward([], top)
+    layer.stop()
+
+
+def test_a_source_that_is_neither_a_database_nor_a_name(tmp_path):
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(LayerError, match="no LMDB or LevelDB database there"):
+        data_layer(str(tmp_path / "empty_dir"), 2)
+
+
+def test_writer_refuses_an_existing_database(tmp_path):
+    (tmp_path / "db").mkdir()
+    with pytest.raises(DatasetError, match="exists already"):
+        Writer(str(tmp_path / "db"))
