@@ -30,6 +30,7 @@ class ContrastiveLoss(Layer):
     min_bottom, max_bottom = 3, 3
     min_top, max_top = 1, 1
     is_loss = True
+    auto_top_blobs = True  # Caffe's LossLayer::AutoTopBlobs: a loss with no top gets an anonymous one
 
     def allow_force_backward(self, bottom_index):
         return bottom_index != 2

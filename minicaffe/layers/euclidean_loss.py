@@ -15,6 +15,7 @@ class EuclideanLoss(Layer):
     min_bottom, max_bottom = 2, 2
     min_top, max_top = 1, 1
     is_loss = True
+    auto_top_blobs = True  # Caffe's LossLayer::AutoTopBlobs: a loss with no top gets an anonymous one
 
     def layer_setup(self, bottom, top):
         self.d = self.new_blob(bottom[0].shape, self.name + "/diff")

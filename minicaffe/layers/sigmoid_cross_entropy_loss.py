@@ -20,6 +20,7 @@ class SigmoidCrossEntropyLoss(Layer):
     min_bottom, max_bottom = 2, 2
     min_top, max_top = 1, 1
     is_loss = True
+    auto_top_blobs = True  # Caffe's LossLayer::AutoTopBlobs: a loss with no top gets an anonymous one
 
     def allow_force_backward(self, bottom_index):
         return bottom_index != 1
