@@ -150,7 +150,6 @@ class HDF5Reader(BatchReader):
 class HDF5Data(Data):
     type = "HDF5Data"
     min_top, max_top = 1, None
-    max_bottom = 0
 
     def layer_setup(self, bottom, top):
         p = self.param.hdf5_data_param
@@ -178,10 +177,9 @@ class HDF5Data(Data):
         for t, shape in zip(top, self.dataset.shapes):
             t.reshape((self.batch_size,) + tuple(shape))
 
-    def forward(self, bottom, top):
+    def next_batch(self):
         try:
             arrays, _ = self.prefetcher.next()
         except DatasetError as e:
             raise self.error(str(e)) from None
-        for t, a in zip(top, arrays):
-            t.data[...] = self.backend.from_host(a.reshape(t.shape), self.dtype)
+        return tuple(arrays)

@@ -31,7 +31,6 @@ from .data import DEFAULT_PREFETCH, Data, layer_seed
 class ImageData(Data):
     type = "ImageData"
     min_top, max_top = 1, 2
-    max_bottom = 0
 
     def layer_setup(self, bottom, top):
         p = self.param.image_data_param
@@ -56,5 +55,6 @@ class ImageData(Data):
             dtype=self.dtype,
         )
         start = int(np.random.default_rng([reader.seed, 2]).integers(p.rand_skip)) % len(dataset) if p.rand_skip else 0
+        self.n_tops = len(top)
         self.prefetcher = Prefetcher(reader, depth=DEFAULT_PREFETCH, index=start)
         self.prefetcher.start()

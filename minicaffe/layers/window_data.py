@@ -199,7 +199,6 @@ class WindowReader(BatchReader):
 class WindowData(Data):
     type = "WindowData"
     min_top, max_top = 2, 2
-    max_bottom = 0
 
     def layer_setup(self, bottom, top):
         p, tp = self.param.window_data_param, self.param.transform_param
@@ -224,5 +223,6 @@ class WindowData(Data):
             raise self.error(str(e)) from None
         self.batch_size = int(p.batch_size)
         self.image_shape = (self.dataset.channels, int(tp.crop_size), int(tp.crop_size))
+        self.n_tops = len(top)
         self.prefetcher = Prefetcher(reader, depth=DEFAULT_PREFETCH)
         self.prefetcher.start()
