@@ -53,14 +53,15 @@ import time
 
 import numpy as np
 
-from ..errors import MinicaffeError
+from ..errors import SolverError
 from . import frames as F
 
 SECRET_ENV = "MINICAFFE_DIST_SECRET"
 
 
-class DistError(MinicaffeError):
-    """A distributed run cannot start or cannot go on (a lost node, a refused peer, ...)."""
+class DistError(SolverError):
+    """A distributed run cannot start or cannot go on (a lost node, a refused peer, ...); a
+    SolverError, so the tools stop with one line and keep the last snapshot."""
 
 
 # -- the secret -----------------------------------------------------------------------------------

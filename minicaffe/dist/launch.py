@@ -1,0 +1,270 @@
+"""Starting a distributed run: the command-line flags, the local launcher, and the glue that
+turns one ``python -m minicaffe.train`` process into a node.
+
+One machine (the launcher starts N node processes on loopback with a fresh secret)::
+
+    python -m minicaffe.train lenet --nodes 4
+
+Several machines (every node started by hand, or by a scheduler, with the same flags but its rank)::
+
+    export MINICAFFE_DIST_SECRET=<the same secret everywhere>
+    machine A:  python -m minicaffe.train lenet --rank 0 --world-size 2 --rendezvous 10.0.0.1:29500
+    machine B:  python -m minicaffe.train lenet --rank 1 --world-size 2 --rendezvous 10.0.0.1:29500
+
+or through MPI: ``mpiexec -n 4 python -m minicaffe.train lenet --dist mpi``.  The same values may
+come from the environment: MINICAFFE_RANK, MINICAFFE_WORLD_SIZE, MINICAFFE_RENDEZVOUS.
+
+Node 0 is the run's face: it writes the log, the snapshots, train_log.json and the plots, and
+``--resume`` is read there (it sends the state to the others).  The other nodes train without
+testing or snapshotting; under the local launcher their output goes to ``<output>/node<r>.log``.
+"""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .. import proto
+from .transport import DistError, load_secret, new_secret, parse_delay, parse_rate
+
+LAUNCHED_ENV = "MINICAFFE_DIST_LAUNCHED"
+
+
+def add_arguments(parser):
+    g = parser.add_argument_group("across machines (docs/DISTRIBUTED.md)")
+    g.add_argument("--nodes", type=int, default=1, help="start N node processes on this machine (loopback)")
+    g.add_argument("--rank", type=int, help="this node's rank (0 = the node that writes logs and snapshots)")
+    g.add_argument("--world-size", type=int, help="the number of nodes")
+    g.add_argument("--rendezvous", help="HOST:PORT where node 0 listens and the others meet it")
+    g.add_argument("--listen", help="HOST:PORT this node listens on (default: a free port)")
+    g.add_argument("--secret-file", help="file holding the shared secret (else $MINICAFFE_DIST_SECRET)")
+    g.add_argument("--dist", choices=("sockets", "mpi"), default="sockets", help="the transport (default sockets)")
+    g.add_argument("--link", help="emulate a link of this rate in the transport (e.g. 1gbit)")
+    g.add_argument("--link-delay", default="0", help="with --link: one-way latency per frame (e.g. 0.1ms)")
+    g.add_argument("--peer-timeout", type=float, default=10.0, help="seconds of silence before a node is lost")
+    return g
+
+
+def _env_int(name):
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def node_settings(args):
+    """(rank, world, rendezvous) from the flags or the environment; None when not a node."""
+    if args.dist == "mpi":
+        return "mpi"
+    rank = args.rank if args.rank is not None else _env_int("MINICAFFE_RANK")
+    world = args.world_size if args.world_size is not None else _env_int("MINICAFFE_WORLD_SIZE")
+    rdv = args.rendezvous or os.environ.get("MINICAFFE_RENDEZVOUS")
+    if rank is None and world is None and rdv is None:
+        return None
+    missing = [n for n, v in (("--rank", rank), ("--world-size", world), ("--rendezvous", rdv)) if v is None]
+    if missing:
+        raise DistError(f"a node needs --rank, --world-size and --rendezvous; missing {', '.join(missing)}")
+    if world < 1 or not 0 <= rank < world:
+        raise DistError(f"--rank {rank} must be in 0..{world - 1} (--world-size {world})")
+    return rank, world, rdv
+
+
+def is_launcher(args):
+    return getattr(args, "nodes", 1) > 1 and node_settings(args) is None
+
+
+def is_node(args):
+    return node_settings(args) is not None
+
+
+def rank_of(args):
+    s = node_settings(args)
+    if s is None:
+        return 0
+    if s == "mpi":
+        from .mpi import mpi_rank
+
+        return mpi_rank()
+    return s[0]
+
+
+def skip_resume(args):
+    """Only node 0 reads --resume (it sends the state to the others)."""
+    return is_node(args) and rank_of(args) != 0
+
+
+# -- the local launcher ---------------------------------------------------------------------------
+def _strip_nodes(argv):
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--nodes":
+            skip = True
+            continue
+        if a.startswith("--nodes="):
+            continue
+        out.append(a)
+    return out
+
+
+def free_port(host="127.0.0.1"):
+    import socket
+
+    s = socket.socket()
+    s.bind((host, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def launch_local(argv, args, out_dir, log=None):
+    """Start ``args.nodes`` node processes on loopback; wait; -> exit code.
+
+    A node that dies makes the others stop by themselves (they lose its connection); the
+    launcher gives them 15 s, then terminates what is left, and says which node went first."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    n = args.nodes
+    os.makedirs(out_dir, exist_ok=True)
+    secret = os.environ.get("MINICAFFE_DIST_SECRET") or new_secret()
+    port = free_port()
+    env = dict(os.environ, MINICAFFE_DIST_SECRET=secret)
+    env[LAUNCHED_ENV] = "1"
+    base = [sys.executable, "-m", "minicaffe.train"] + _strip_nodes(argv)
+    procs, files = [], []
+    log(f"minicaffe: starting {n} nodes on 127.0.0.1 (rendezvous port {port}); nodes 1..{n - 1} log to {out_dir}/")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the nodes get Ctrl-C themselves
+    try:
+        for r in range(n):
+            cmd = base + ["--rank", str(r), "--world-size", str(n), "--rendezvous", f"127.0.0.1:{port}"]
+            if r == 0:
+                procs.append(subprocess.Popen(cmd, env=env))
+            else:
+                f = open(os.path.join(out_dir, f"node{r}.log"), "w")  # noqa: SIM115
+                files.append(f)
+                procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT))
+        first_bad, deadline = None, None
+        while True:
+            codes = [p.poll() for p in procs]
+            for r, c in enumerate(codes):
+                if c not in (None, 0) and first_bad is None:
+                    first_bad = (r, c)
+                    deadline = time.monotonic() + 15
+            if all(c is not None for c in codes):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for f in files:
+            f.close()
+    if first_bad is None:
+        return 0
+    r, c = first_bad
+    how = f"was killed by {signal.Signals(-c).name}" if c < 0 else f"exited with status {c}"
+    where = "" if r == 0 else f" (its log: {os.path.join(out_dir, f'node{r}.log')})"
+    log(f"error: node {r} {how}{where}; the run stopped")
+    return c if c > 0 else 1
+
+
+# -- a node ---------------------------------------------------------------------------------------
+def config_hashes(solver):
+    """What every node must agree on: the training net and the solver's hyper-parameters
+    (not where a node writes its files, nor how often it tests or logs)."""
+    net = proto.to_text(solver.net.param).encode()
+    sp = solver.param.copy()
+    for field in (
+        "snapshot_prefix",
+        "snapshot",
+        "snapshot_after_train",
+        "test_interval",
+        "display",
+        "net",
+        "net_param",
+        "train_net",
+        "train_net_param",
+        "test_net",
+        "test_net_param",
+        "test_iter",
+        "test_state",
+    ):
+        sp.clear(field)
+    return {
+        "net": hashlib.sha256(net).hexdigest()[:16],
+        "solver": hashlib.sha256(proto.to_text(sp).encode()).hexdigest()[:16],
+        "solver type": solver.type,
+    }
+
+
+def make_transport(args, solver, log):
+    settings = node_settings(args)
+    limit = max(p.count for p in solver.net.learnable_params) * solver.net.dtype.itemsize
+    config = config_hashes(solver)
+    link = None
+    if args.link:
+        link = (parse_rate(args.link), parse_delay(args.link_delay))
+    if settings == "mpi":
+        from .mpi import MPITransport
+
+        return MPITransport(config, limit, log=log, link=link)
+    from .sockets import SocketTransport, parse_address
+
+    rank, world, rdv = settings
+    listen = parse_address(args.listen, "--listen") if args.listen else None
+    secret = load_secret(args.secret_file)
+    t = SocketTransport(
+        rank, world, rdv, secret, config, limit, listen_address=listen, link=link, log=log, peer_timeout=args.peer_timeout
+    )
+    return t.form()
+
+
+def train(solver, args, log):
+    """Train ``solver`` as one node of the run the flags describe; -> the run's statistics
+    (every node's, on node 0).  Raises DistError (a SolverError) when the run cannot go on."""
+    from .ps import Node
+
+    transport = make_transport(args, solver, log)
+    rank, world = transport.rank, transport.world
+    p = solver.param
+    if rank != 0:  # node 0 tests, snapshots and writes; the others only train
+        p.test_interval = 0
+        p.snapshot = 0
+        p.snapshot_after_train = False
+        p.test_initialization = False
+    log(
+        f"node {rank}/{world}: {args.workers} worker thread(s), "
+        + ("BSP" if not args.staleness else f"SSP staleness {args.staleness}")
+        + (f", link emulated at {args.link}" if args.link else "")
+    )
+    resume = bool(getattr(args, "resume", None)) and rank == 0
+    node = Node(solver, transport, staleness=args.staleness, workers=args.workers, log=log, resume=resume)
+    previous = None
+    if rank != 0 and os.environ.get(LAUNCHED_ENV):
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # node 0 decides when to stop
+    solver.set_gradient_source(node.gradient_source)
+    solver.set_updater(node.updater)
+    try:
+        node.start()
+        solver.solve()
+    except BaseException:
+        node.abort()
+        raise
+    finally:
+        solver.set_gradient_source(None)
+        solver.set_updater(None)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    reports = node.finish()
+    mine = reports[rank]
+    log(
+        f"node {rank}: {mine['iterations']} iterations, {mine['bytes_per_iter'] / 1e6:.3f} MB/iteration "
+        f"(sent + received), compute {mine['compute_s']:.2f} s, sync {mine['sync_s']:.2f} s "
+        f"(waiting for parameters {mine['wait_s']:.2f} s)"
+    )
+    for name, s in mine["layers"].items():
+        log(f"    {name:>12}: sent {s['sent'] / 1e6:9.3f} MB, received {s['received'] / 1e6:9.3f} MB, wait {s['wait_s']:.3f} s")
+    return {"world": world, "transport": args.dist, "nodes": {str(r): v for r, v in sorted(reports.items())}}
