@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from .. import proto
@@ -33,7 +34,7 @@ LAUNCHED_ENV = "MINICAFFE_DIST_LAUNCHED"
 
 
 def add_arguments(parser):
-    g = parser.add_argument_group("across machines (docs/DISTRIBUTED.md)")
+    g = parser  # (not an argument group: the tool rebuilds resume commands from the parser's options)
     g.add_argument("--nodes", type=int, default=1, help="start N node processes on this machine (loopback)")
     g.add_argument("--rank", type=int, help="this node's rank (0 = the node that writes logs and snapshots)")
     g.add_argument("--world-size", type=int, help="the number of nodes")
@@ -44,7 +45,6 @@ def add_arguments(parser):
     g.add_argument("--link", help="emulate a link of this rate in the transport (e.g. 1gbit)")
     g.add_argument("--link-delay", default="0", help="with --link: one-way latency per frame (e.g. 0.1ms)")
     g.add_argument("--peer-timeout", type=float, default=10.0, help="seconds of silence before a node is lost")
-    return g
 
 
 def _env_int(name):
@@ -94,21 +94,6 @@ def skip_resume(args):
 
 
 # -- the local launcher ---------------------------------------------------------------------------
-def _strip_nodes(argv):
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--nodes":
-            skip = True
-            continue
-        if a.startswith("--nodes="):
-            continue
-        out.append(a)
-    return out
-
-
 def free_port(host="127.0.0.1"):
     import socket
 
@@ -119,31 +104,33 @@ def free_port(host="127.0.0.1"):
     return port
 
 
-def launch_local(argv, args, out_dir, log=None):
+def launch_local(argv, args, log_dir=None, log=None):
     """Start ``args.nodes`` node processes on loopback; wait; -> exit code.
 
     A node that dies makes the others stop by themselves (they lose its connection); the
     launcher gives them 15 s, then terminates what is left, and says which node went first."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     n = args.nodes
-    os.makedirs(out_dir, exist_ok=True)
+    # node 0 makes the run directory (once its nets are built); the others' output goes here
+    log_dir = log_dir or tempfile.mkdtemp(prefix="minicaffe-nodes-")
     secret = os.environ.get("MINICAFFE_DIST_SECRET") or new_secret()
     port = free_port()
     env = dict(os.environ, MINICAFFE_DIST_SECRET=secret)
     env[LAUNCHED_ENV] = "1"
-    base = [sys.executable, "-m", "minicaffe.train"] + _strip_nodes(argv)
+    cmd = [sys.executable, "-m", "minicaffe.train"] + list(argv)  # --nodes stays: node 0 prints it in resume hints
     procs, files = [], []
-    log(f"minicaffe: starting {n} nodes on 127.0.0.1 (rendezvous port {port}); nodes 1..{n - 1} log to {out_dir}/")
+    log(f"minicaffe: starting {n} nodes on 127.0.0.1 (rendezvous port {port}); nodes 1..{n - 1} log to {log_dir}/")
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the nodes get Ctrl-C themselves
     try:
         for r in range(n):
-            cmd = base + ["--rank", str(r), "--world-size", str(n), "--rendezvous", f"127.0.0.1:{port}"]
+            node_env = dict(env, MINICAFFE_RANK=str(r), MINICAFFE_WORLD_SIZE=str(n))
+            node_env["MINICAFFE_RENDEZVOUS"] = f"127.0.0.1:{port}"
             if r == 0:
-                procs.append(subprocess.Popen(cmd, env=env))
+                procs.append(subprocess.Popen(cmd, env=node_env))
             else:
-                f = open(os.path.join(out_dir, f"node{r}.log"), "w")  # noqa: SIM115
+                f = open(os.path.join(log_dir, f"node{r}.log"), "w")  # noqa: SIM115
                 files.append(f)
-                procs.append(subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT))
+                procs.append(subprocess.Popen(cmd, env=node_env, stdout=f, stderr=subprocess.STDOUT))
         first_bad, deadline = None, None
         while True:
             codes = [p.poll() for p in procs]
@@ -166,8 +153,12 @@ def launch_local(argv, args, out_dir, log=None):
         return 0
     r, c = first_bad
     how = f"was killed by {signal.Signals(-c).name}" if c < 0 else f"exited with status {c}"
-    where = "" if r == 0 else f" (its log: {os.path.join(out_dir, f'node{r}.log')})"
-    log(f"error: node {r} {how}{where}; the run stopped")
+    log(f"error: node {r} {how}; the run stopped")
+    if r != 0:
+        path = os.path.join(log_dir, f"node{r}.log")
+        with open(path, errors="replace") as f:
+            tail = f.read().splitlines()[-4:]
+        log(f"the end of {path}:\n    " + "\n    ".join(tail))
     return c if c > 0 else 1
 
 
@@ -222,7 +213,32 @@ def make_transport(args, solver, log):
     return t.form()
 
 
-def train(solver, args, log):
+def run_secondary(args):
+    """A node other than 0: build the same solver from the same flags and train; writes no files
+    (node 0 sends the initial parameters, the iteration and the data position)."""
+    from ..data import set_data_dir
+    from ..solvers import get_solver, load_solver_param
+    from ..tools.common import resolve_solver
+
+    rank = rank_of(args)
+
+    def log(message):
+        print(f"[node {rank}] {message}", flush=True)
+
+    if args.device == "gpu":
+        raise DistError("--device gpu is not supported across nodes yet; train on the CPU")
+    if args.data_dir:
+        set_data_dir(os.path.abspath(args.data_dir))
+    param, base_dir = load_solver_param(resolve_solver(args.solver))
+    for flag, field in (("iters", "max_iter"), ("seed", "random_seed"), ("snapshot", "snapshot")):
+        if getattr(args, flag) is not None:
+            setattr(param, field, getattr(args, flag))
+    solver = get_solver(param, base_dir=base_dir, log=log)
+    train(solver, args, log)
+    return 0
+
+
+def train(solver, args, log, out_dir=None):
     """Train ``solver`` as one node of the run the flags describe; -> the run's statistics
     (every node's, on node 0).  Raises DistError (a SolverError) when the run cannot go on."""
     from .ps import Node
@@ -267,4 +283,12 @@ def train(solver, args, log):
     )
     for name, s in mine["layers"].items():
         log(f"    {name:>12}: sent {s['sent'] / 1e6:9.3f} MB, received {s['received'] / 1e6:9.3f} MB, wait {s['wait_s']:.3f} s")
-    return {"world": world, "transport": args.dist, "nodes": {str(r): v for r, v in sorted(reports.items())}}
+    record = {"kind": "dist", "world": world, "transport": args.dist, "link": args.link}
+    record["nodes"] = {str(r): {k: v for k, v in rep.items() if k != "timeline"} for r, rep in sorted(reports.items())}
+    if out_dir is not None and rank == 0:
+        from .timeline import plot_timeline
+
+        path = os.path.join(out_dir, "timeline.png")
+        plot_timeline(reports, path)
+        log(f"Timeline of the first iterations (compute vs communication, per node): {path}")
+    return record

@@ -55,6 +55,7 @@ import time
 
 import numpy as np
 
+from ..layers.data_base import DataLayer
 from ..memory.flat import ParamLayout
 from ..parallel.replica import build_replica, shard_bounds
 from ..solvers import solver_class
@@ -115,11 +116,12 @@ class Node:
         self.blob_names = blob_names(net)
         self.dtype = net.dtype
         # -- data: every node reads the global batch (same seed, same order) and keeps its slice
-        self.data_layers = [
-            (i, layer) for i, layer in enumerate(net.layers) if layer.type == "Data" and hasattr(layer, "prefetcher")
-        ]
+        self.data_layers = [(i, layer) for i, layer in enumerate(net.layers) if isinstance(layer, DataLayer)]
         if not self.data_layers:
-            raise DistError(f"net '{net.name}' has no Data layer: data-parallel training shards a Data layer's batch")
+            raise DistError(
+                f"net '{net.name}' has no data layer: data-parallel training shards the batch a data "
+                f"layer reads (Input nets are not supported)"
+            )
         self.node_bounds, self.worker_bounds = {}, {}
         for _, layer in self.data_layers:
             B = layer.batch_size
@@ -208,6 +210,15 @@ class Node:
         self.timeline = []  # (thread, start, end, what) over the first `timeline_clocks` clocks
         self.timeline_clocks = 3
         self.t_origin = time.perf_counter()
+        first = self.replicas[0][0]
+        self._t_layer = 0.0
+        self.t_origin_wall = time.time()  # timelines of several machines are aligned on the wall clock
+        self._hooks = first.add_hooks(
+            before_forward=self._layer_start,
+            after_forward=lambda l, net=first: self._layer_end(f"forward {net.layer_names[l]}"),
+            before_backward=self._layer_start,
+            after_backward=lambda l, net=first: self._layer_end(f"backward {net.layer_names[l]}"),
+        )
         self.server = threading.Thread(target=self._serve, name="minicaffe-dist-server", daemon=True)
         self._stop_server = False
 
@@ -310,8 +321,6 @@ class Node:
                 self._count_gradient(h.clock, h.key)
             elif kind == F.PARAM:
                 self.versions[h.key, src] = h.clock
-                if h.clock - self.iter0 <= self.timeline_clocks:
-                    self.timeline.append(("recv", self._now(), self._now(), f"param {self.blob_names[h.key]}"))
             elif kind == F.INIT and self.init_pending is not None:
                 self.init_pending["init"] -= 1
             elif kind == F.HIST:
@@ -368,6 +377,16 @@ class Node:
 
     def _now(self):
         return time.perf_counter() - self.t_origin
+
+    def _recording(self, clock):
+        """The timeline covers clocks 1..timeline_clocks of this run (clock 0 compiles and tests)."""
+        return 1 <= clock - (self.iter0 or 0) <= self.timeline_clocks
+
+    def _layer_start(self, layer_index):
+        self._t_layer = self._now()
+
+    def _layer_end(self, label):
+        self.timeline.append(("compute", self._t_layer, self._now(), label))
 
     # -- the server shard ----------------------------------------------------------------------
     def _count_gradient(self, clock, i):
@@ -470,10 +489,14 @@ class Node:
                     self.server_version = clock + 1
                 self.cv.notify_all()
             if complete and (clock + 1) in self.hist_requests:
-                self.hist_requests.discard(clock + 1)
                 self._send_history(clock + 1)
-        if clock - self.iter0 < self.timeline_clocks:
-            self.timeline.append(("server", t0, self._now(), f"update {len(list(blobs))} blob(s)"))
+                with self.cv:  # only now: node 0's snapshot waits for this
+                    self.hist_requests.discard(clock + 1)
+                    self.cv.notify_all()
+        if self._recording(clock):
+            blobs = list(blobs)
+            what = self.blob_names[blobs[0]] if len(blobs) == 1 else f"{len(blobs)} blobs"
+            self.timeline.append(("server", t0, self._now(), f"update {what}"))
 
     def _send_history(self, version):
         ss = self.shard_solver
@@ -514,7 +537,7 @@ class Node:
                     self._count_gradient(clock, i)
             else:
                 self.transport.send(s, F.GRAD, i, clock, g[lo:hi])
-        if clock - self.iter0 < self.timeline_clocks:
+        if self._recording(clock):
             self.timeline.append(("compute", t, self._now(), f"push {self.blob_names[i]}"))
 
     def wait_params(self, i, version):
@@ -535,13 +558,18 @@ class Node:
         t0 = time.perf_counter()
         if self.calls % self.iter_size == 0:  # a new clock: zero its gradient slot
             self.clock = self.solver.iter
+            recording = self._recording(self.clock)
+            self.transport.stats.recording = recording
+            if not recording and self.clock - self.iter0 > self.timeline_clocks and self._hooks is not None:
+                self._hooks.remove()  # the timeline covers the first clocks only
+                self._hooks = None
             slot = self.clock % self.n_slots
             if self.n_workers == 1 and self.n_slots > 1:
                 self.replicas[0][1].attach_diff(self.G[slot])
             else:
                 self.G[slot][...] = 0
         self.calls += 1
-        batch = {layer.name: layer.prefetcher.next() for _, layer in self.data_layers}
+        batch = {layer.name: layer.next_batch() for _, layer in self.data_layers}
         losses = [0.0] * self.n_workers
 
         def work(k):
@@ -567,9 +595,11 @@ class Node:
             G = self.G[self.clock % self.n_slots]
             G += (np.array(self.worker_weights, self.dtype) / self.scale) @ self.Gk
         self.compute_time += time.perf_counter() - t0
-        if self.clock - self.iter0 < self.timeline_clocks:
-            self.timeline.append(("compute", t0 - self.t_origin, self._now(), "forward+backward"))
         w = np.array(self.worker_weights) / self.scale
+        for name in self.solver.net.outputs:  # what the Solver displays: this node's slice
+            self.solver.net.blobs[name].data[...] = sum(
+                wk * np.asarray(r.blobs[name].data) for wk, (r, _) in zip(w, self.replicas)
+            )
         return float(np.dot(w, losses))
 
     def sync(self):
@@ -619,7 +649,7 @@ class Node:
         if self.stop_at is not None and nxt >= self.stop_at:
             solver.requested_stop = True
         self.sync_time += time.perf_counter() - t0
-        if c - self.iter0 < self.timeline_clocks:
+        if self._recording(c):
             self.timeline.append(("compute", t0 - self.t_origin, self._now(), "wait for parameters"))
 
     def updater(self, solver, rate):
@@ -669,5 +699,10 @@ class Node:
             "sync_s": self.sync_time,
             "wait_s": float(self.wait_time.sum()),
             "layers": layers,
-            "timeline": self.timeline[:2000],
+            "t_origin": self.t_origin_wall,
+            "timeline": self.timeline[:4000]
+            + [
+                (lane, t0 - self.t_origin, t1 - self.t_origin, f"{F.KIND_NAMES[kind]} {self.blob_names[key]}")
+                for lane, t0, t1, kind, key in self.transport.stats.events[:4000]
+            ],
         }

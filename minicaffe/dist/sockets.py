@@ -62,9 +62,10 @@ class Connection:
 
     def read_into(self, header, array):
         view = F.as_bytes_view(array)
+        t0 = time.perf_counter()
         F.recv_exactly_into(self.sock, view, self.peer)
         if self.stats is not None:
-            self.stats.on_receive(header.kind, header.key, header.nbytes)
+            self.stats.on_receive(header.kind, header.key, header.nbytes, t0)
 
     def send(self, kind, key=0, clock=0, array=None):
         """One frame: header + the array's own bytes in one gather write (rate-limited if a link
@@ -72,6 +73,7 @@ class Connection:
         a = as_payload(array)
         head = F.pack_header(kind, key, self.rank, a.dtype, a.shape if a.ndim else (a.size,), clock)
         body = F.as_bytes_view(a)
+        t0 = time.perf_counter()
         with self.send_lock:
             if self.link is None:
                 F.sendmsg_all(self.sock, [head, body])
@@ -86,7 +88,7 @@ class Connection:
                     self.link.take(len(piece))
                     F.sendmsg_all(self.sock, [piece])
         if self.stats is not None:
-            self.stats.on_send(kind, key, len(body))
+            self.stats.on_send(kind, key, len(body), t0)
 
     def send_control(self, kind, payload, key=0, clock=0):
         self.send(kind, key, clock, np.frombuffer(bytes(payload), np.uint8))

@@ -192,17 +192,23 @@ class Stats:
         self.lock = threading.Lock()
         self.sent = {}
         self.received = {}
+        self.recording = False  # while True, tensor frames are also logged as timeline events
+        self.events = []  # (lane, t_start, t_end, kind, key), perf_counter seconds
 
     def add(self, table, kind, key, n):
         k = (F.KIND_NAMES.get(kind, str(kind)), int(key))
         with self.lock:
             table[k] = table.get(k, 0) + n
 
-    def on_send(self, kind, key, n):
+    def on_send(self, kind, key, n, t0=None):
         self.add(self.sent, kind, key, n + F.HEADER_SIZE)
+        if self.recording and t0 is not None and kind in (F.GRAD, F.PARAM):
+            self.events.append(("send", t0, time.perf_counter(), kind, key))
 
-    def on_receive(self, kind, key, n):
+    def on_receive(self, kind, key, n, t0=None):
         self.add(self.received, kind, key, n + F.HEADER_SIZE)
+        if self.recording and t0 is not None and kind in (F.GRAD, F.PARAM):
+            self.events.append(("recv", t0, time.perf_counter(), kind, key))
 
     def totals(self):
         with self.lock:

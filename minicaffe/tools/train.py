@@ -27,6 +27,7 @@ import time
 import zipfile
 
 from .. import backend as _backend
+from ..dist import launch as dist
 from ..errors import MinicaffeError, SolverError
 from ..io import atomic_write
 from .common import Eta, Logger, Progress, banner, fmt_seconds, resolve_solver, versions
@@ -95,6 +96,7 @@ def build_parser():
         help="with --workers: bounded staleness s (SSP); 0 = synchronous (BSP, the default)",
     )
     p.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
+    dist.add_arguments(p)  # --nodes, --rank, --rendezvous, --dist mpi, ... (minicaffe/dist/launch.py)
     return p
 
 
@@ -637,7 +639,9 @@ def run(args, parser=None):
     status, message = "done", None
     eta.begin()
     try:
-        if args.workers > 1 or args.staleness > 0:
+        if dist.is_node(args):  # node 0 of a distributed run (minicaffe/dist/launch.py)
+            record.write(dist.train(solver, args, log, out_dir), flush=True)
+        elif args.workers > 1 or args.staleness > 0:
             from ..parallel import train_with_workers
 
             trainer = train_with_workers(solver, args.workers, staleness=args.staleness)
@@ -712,6 +716,10 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if dist.is_launcher(args):  # --nodes N: N node processes on this machine
+            return dist.launch_local(sys.argv[1:] if argv is None else list(argv), args)
+        if dist.is_node(args) and dist.rank_of(args) != 0:  # node 0 runs the code below, the others:
+            return dist.run_secondary(args)
         return run(args, parser)
     except MinicaffeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,70 @@
+"""The timeline picture: per node, what each thread did over the first iterations of a run.
+
+Every Node records intervals ``(lane, start, end, label)`` in seconds from its own start, over
+clocks 1..``timeline_clocks`` of the run (clock 0 compiles kernels and tests), and its start on
+the wall clock (``t_origin``), so nodes are drawn on one time axis:
+
+    compute   each layer's forward and backward (from the Net's hooks), "wait for parameters"
+    send      each GRAD frame leaving (one per blob and shard), as the sender threads saw it
+    recv      each PARAM frame arriving
+    server    the shard's updates
+
+``plot_timeline(reports, path)`` draws one row of lanes per node (layers coloured alike in
+every lane), so the overlap of computation and communication, or its absence, is visible.
+"""
+
+import os
+
+
+def plot_timeline(reports, path, max_events=4000):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = sorted(reports, key=int)
+    lanes = ["compute", "send", "recv", "server"]
+    labels = sorted(
+        {_layer(e[3]) for r in ranks for e in reports[r].get("timeline", []) if _layer(e[3])},
+    )
+    colors = {name: f"C{k % 10}" for k, name in enumerate(labels)}
+    # align the nodes on the wall clock, starting at the first recorded event
+    shift = {r: reports[r].get("t_origin", 0.0) for r in ranks}
+    starts = [shift[r] + e[1] for r in ranks for e in reports[r].get("timeline", [])]
+    zero = min(starts) if starts else 0.0
+    ends = [shift[r] + e[2] for r in ranks for e in reports[r].get("timeline", [])]
+    min_width = (max(ends) - zero) / 1500 if ends else 1e-4  # short frames stay visible
+    fig, axes = plt.subplots(len(ranks), 1, figsize=(12, 1.2 + 1.3 * len(ranks)), squeeze=False, sharex=True)
+    for ax, r in zip(axes[:, 0], ranks):
+        events = reports[r].get("timeline", [])[:max_events]
+        for lane, t0, t1, label in events:
+            t0, t1 = t0 + shift[r] - zero, t1 + shift[r] - zero
+            y = lanes.index(lane) if lane in lanes else 0
+            name = _layer(label)
+            color = colors.get(name, "0.6") if name else ("0.85" if "wait" in label else "0.6")
+            width = max(t1 - t0, min_width)
+            ax.barh(y, width * 1e3, left=t0 * 1e3, height=0.7, color=color, edgecolor="none")
+        ax.set_yticks(range(len(lanes)))
+        ax.set_yticklabels(lanes)
+        ax.invert_yaxis()
+        ax.set_ylabel(f"node {r}")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("milliseconds (wall clock, from the first recorded event)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    handles.append(plt.Rectangle((0, 0), 1, 1, color="0.85"))
+    fig.legend(handles, list(colors) + ["waiting for parameters"], loc="upper right", fontsize=7, ncol=4)
+    fig.suptitle("compute vs communication per layer, first iterations")
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def _layer(label):
+    """'forward conv1' / 'GRAD conv1/w' -> 'conv1'; other labels -> ''."""
+    parts = label.split(" ")
+    if len(parts) >= 2 and parts[0] in ("forward", "backward", "GRAD", "PARAM", "push", "update"):
+        return parts[1].split("/")[0]
+    return ""
