@@ -8,6 +8,10 @@ Use it as pycaffe::
     out = net.forward(data=images)                                  # {"prob": array}
     net.blobs["data"].data[...] = images; net.forward(); net.backward()
     net.params["conv1"][0].data                                      # weights, writable in place
+
+and pycaffe's other modules: ``caffe.NetSpec`` with ``from minicaffe import layers as L, params
+as P``, ``minicaffe.proto.caffe_pb2``, ``caffe.io`` (load_image, Transformer), ``minicaffe.draw``.
+docs/PYCAFFE.md says what works.
 """
 
 from . import backend as _backend
@@ -45,6 +49,11 @@ __all__ = [
     "AdaDeltaSolver",
     "AdamSolver",
     "get_solver",
+    "NetSpec",
+    "layers",
+    "params",
+    "to_proto",
+    "proto",
 ]
 
 
@@ -83,4 +92,12 @@ def __getattr__(name):
         from . import solvers
 
         return getattr(solvers, name)
+    if name in ("NetSpec", "params", "to_proto"):  # pycaffe's net_spec (minicaffe/netspec.py)
+        from . import netspec
+
+        return getattr(netspec, name)
+    if name in ("layers", "proto", "draw"):  # subpackages, imported on first use
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'minicaffe' has no attribute '{name}'")

@@ -165,6 +165,9 @@ def load_weights(net, path):
 
 
 # -- pycaffe's caffe.io helpers ------------------------------------------------------------------
+from .image import load_image, oversample, resize_image  # noqa: E402, F401 (images: minicaffe/image.py)
+
+
 def blobproto_to_array(blob, return_diff=False):
     """A BlobProto message (e.g. a decoded mean.binaryproto) as a numpy array of its shape."""
     values = np.asarray(blob.diff if return_diff else (blob.double_data if len(blob.double_data) else blob.data))

@@ -9,10 +9,22 @@
     (10, True)
 """
 
+from minicaffe.proto import caffe_pb2  # pycaffe's caffe.proto.caffe_pb2
 from minicaffe.proto.message import Message
 from minicaffe.proto.schema import SCHEMA
 from minicaffe.proto.text_format import parse, parse_file, to_text
 from minicaffe.proto.upgrade import upgrade_net, upgrade_solver
 from minicaffe.proto.wire import decode, encode
 
-__all__ = ["Message", "parse", "parse_file", "to_text", "decode", "encode", "upgrade_net", "upgrade_solver", "SCHEMA"]
+__all__ = [
+    "Message",
+    "parse",
+    "parse_file",
+    "to_text",
+    "decode",
+    "encode",
+    "upgrade_net",
+    "upgrade_solver",
+    "SCHEMA",
+    "caffe_pb2",
+]

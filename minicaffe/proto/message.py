@@ -131,6 +131,16 @@ class RepeatedField(list):
         self.extend(values)
         return self
 
+    def add(self, **fields):
+        """protobuf's ``msg.layer.add(name="conv1")``: append a new sub-message and return it."""
+        if self._field.kind != "message":
+            raise TypeError(
+                f"{self._field.message_name}.{self._field.name} holds {self._field.type} values: use append()"
+            )
+        sub = Message(self._field.type, **fields)
+        self.append(sub)
+        return sub
+
     def __reduce__(self):  # pickles/copies as a plain list
         return (list, (list(self),))
 
@@ -302,6 +312,69 @@ class Message:
         if name is not None:
             self._field(name)
         return self._locs.get(name)
+
+    # ---- protobuf's Python API, as pycaffe scripts call it -------------------------------------
+    # (caffe_pb2.NetParameter() etc. in minicaffe.proto.caffe_pb2 build these messages)
+    def SerializeToString(self):
+        """The binary wire format (what a .caffemodel holds)."""
+        from minicaffe.proto.wire import encode
+
+        return encode(self)
+
+    def ParseFromString(self, data):
+        """Replace this message's fields by those decoded from ``data``; returns its length."""
+        self.Clear()
+        return self.MergeFromString(data)
+
+    def MergeFromString(self, data):
+        from minicaffe.proto.wire import decode
+
+        self.MergeFrom(decode(bytes(data), self.type_name))
+        return len(data)
+
+    def MergeFrom(self, other):
+        """Singular fields of ``other`` overwrite, repeated ones append, sub-messages merge."""
+        from minicaffe.proto.wire import merge
+
+        if not isinstance(other, Message) or other.type_name != self.type_name:
+            raise TypeError(f"MergeFrom: expected a {self.type_name}, got {other!r:.80}")
+        merge(self, other.copy())
+        self._touch()
+
+    def CopyFrom(self, other):
+        if other is self:
+            return
+        self.Clear()
+        self.MergeFrom(other)
+
+    def Clear(self):
+        for name in list(self._values):
+            self.clear(name)
+
+    def HasField(self, name):
+        if self._field(name).repeated:
+            raise ValueError(f"HasField: {self.type_name}.{name} is repeated (protobuf allows singular fields only)")
+        return self.has(name)
+
+    def ClearField(self, name):
+        self.clear(name)
+
+    def ListFields(self):
+        """[(field descriptor, value)] of the set fields (``descriptor.name`` is the field's name)."""
+        return [(self._desc.by_name[name], value) for name, value in self.fields()]
+
+    def ByteSize(self):
+        return len(self.SerializeToString())
+
+    def IsInitialized(self):
+        return True  # caffe.proto has no required field that minicaffe needs
+
+    def __str__(self):
+        """The text format, as protobuf's ``str(msg)``: what ``f.write(str(net))`` saves and
+        minicaffe's parser (and Caffe's) reads back."""
+        from minicaffe.proto.text_format import to_text
+
+        return to_text(self)
 
     # ---- comparison and display -----------------------------------------------------------
     def __eq__(self, other):

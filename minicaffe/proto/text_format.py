@@ -478,3 +478,25 @@ def _print_message(msg, indent, lines):
                 values = values.tolist()
             for v in values:
                 lines.append(f"{pad}{name}: {format_scalar(field, v)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# google.protobuf.text_format's functions, for pycaffe scripts
+# (``from minicaffe.proto import text_format`` in place of ``from google.protobuf import text_format``)
+# ---------------------------------------------------------------------------------------------
+
+
+def Merge(text, message):  # noqa: N802 (protobuf's names)
+    """Parse ``text`` and merge it into ``message`` (which is returned)."""
+    message.MergeFrom(parse(text, message.type_name))
+    return message
+
+
+def Parse(text, message):  # noqa: N802
+    """Parse ``text`` into ``message``: protobuf merges into what is set, as ``Merge`` does."""
+    return Merge(text, message)
+
+
+def MessageToString(message, **_options):  # noqa: N802
+    """``message`` in the text format (protobuf's printing options are accepted and ignored)."""
+    return to_text(message)
