@@ -76,7 +76,7 @@ class LayerCost:
         return self.floats * self.itemsize
 
 
-def _param_indices(net):
+def layer_params(net):
     """Per layer index: [(learnable index, owns it?)] in the order of the layer's blobs."""
     out, flat, own = {}, 0, 0
     for i, layer in enumerate(net.layers):
@@ -100,7 +100,7 @@ def sfb_eligibility(net, i, entries=None):
     if layer.type != "InnerProduct":
         what = "convolution" if layer.type in ("Convolution", "Deconvolution") else layer.type
         return False, f"{what}: gradient is not a sum of outer products"
-    entries = entries if entries is not None else _param_indices(net)[i]
+    entries = entries if entries is not None else layer_params(net)[i]
     borrowed = any(not own for _, own in entries)
     lent = any(owner == k for k, _ in entries for owner in net.params_owner)
     if borrowed or lent:
@@ -123,7 +123,7 @@ def plan(net, nodes, servers=None, comm="hybrid", workers=1, iter_size=1):
     p1, p2 = int(nodes), int(servers or nodes)
     itemsize = net.dtype.itemsize
     out = []
-    for i, entries in _param_indices(net).items():
+    for i, entries in layer_params(net).items():
         layer = net.layers[i]
         own = [k for k, mine in entries if mine]
         if not own or all(net.params_lr[k] == 0 for k in own):

@@ -41,6 +41,16 @@ layer can be synchronized on its own:
     ``node.params(i)`` (the parameter array every slice lands in), ``node.transport`` (send your
     own frames: kinds and keys in frames.py; ``node.extra_handlers[kind]`` receives them).
 
+    What Poseidon's runtime (``minicaffe.dist.poseidon``) sets: ``Node(..., gradient_slots=s + 2)``
+    for wait-free backprop, and before ``start()``:
+    ``node.ps_blobs`` (the blobs the shards serve; SFB layers synchronize themselves),
+    ``node.hooked_push`` (the after-backward hooks pushed every blob, so ``sync()`` does not),
+    ``node.deferred_wait`` (the before-forward hooks wait per layer, so ``sync()`` waits only
+    where the run needs every parameter: tests, snapshots, the end), ``node.extra_waits``
+    (callables of a version that ``sync()`` calls where it waits for parameters) and
+    ``node.combined_by_hooks`` (with several workers, the hooks sum each layer's worker
+    gradients into the node's gradient as soon as every worker has it).
+
 The default schedule (``sync()``, what the Solver's updater calls) pushes every blob, last
 layer first, then waits for all of them.
 
@@ -100,7 +110,7 @@ def blob_names(net):
 class Node:
     """One node of a distributed run.  Built by ``minicaffe.dist.train`` around the Solver."""
 
-    def __init__(self, solver, transport, staleness=0, workers=1, log=None, resume=False):
+    def __init__(self, solver, transport, staleness=0, workers=1, log=None, resume=False, gradient_slots=None):
         self.solver, self.transport = solver, transport
         self.rank, self.world = transport.rank, transport.world
         self.staleness, self.n_workers = int(staleness), int(workers)
@@ -142,7 +152,9 @@ class Node:
         P = self.layout.count
         self.W = np.empty(P, self.dtype)
         self.layout.attach_data(self.W)
-        self.n_slots = self.staleness + 1
+        # (wait-free backprop passes staleness + 2: clock c + 1's backward overwrites gradients
+        # while clock c's lower layers may still be on their way to the shards)
+        self.n_slots = max(self.staleness + 1, int(gradient_slots or 0))
         # gradient slots: clock c is computed into G[c % (s + 1)], which stays untouched until
         # every shard has it (a node starts clock c + s + 1 only after version c + 1 exists)
         self.G = np.zeros((self.n_slots, P), self.dtype)
@@ -199,6 +211,10 @@ class Node:
         # what a node other than 0 still waits for from node 0 before its first clock
         self.init_pending = None if self.rank == 0 else {"state": None, "init": self.n_blobs, "hist": None}
         self.extra_handlers = {}
+        # the extension point's switches (see the module docstring)
+        self.ps_blobs = list(range(self.n_blobs))
+        self.hooked_push = self.deferred_wait = self.combined_by_hooks = False
+        self.extra_waits = []
         self.clock = 0  # the clock being computed
         self.server_version = 0  # clocks below it are applied by this shard
         self.calls = 0
@@ -483,7 +499,7 @@ class Node:
                 self.versions[i, self.rank] = max(self.versions[i, self.rank], clock + 1)
                 done = self.applied.setdefault(clock, set())
                 done.add(i)
-                complete = len(done) == self.n_blobs
+                complete = len(done) == len(self.ps_blobs)
                 if complete:
                     del self.applied[clock]
                     self.server_version = clock + 1
@@ -501,7 +517,7 @@ class Node:
     def _send_history(self, version):
         ss = self.shard_solver
         for h, hist in enumerate(ss.history):
-            for i in range(self.n_blobs):
+            for i in self.ps_blobs:
                 lo, hi = self.bounds[i][self.rank]
                 if hi <= lo:
                     continue
@@ -592,8 +608,9 @@ class Node:
                 t.start()
             for t in threads:
                 t.join()
-            G = self.G[self.clock % self.n_slots]
-            G += (np.array(self.worker_weights, self.dtype) / self.scale) @ self.Gk
+            if not self.combined_by_hooks:
+                G = self.G[self.clock % self.n_slots]
+                G += (np.array(self.worker_weights, self.dtype) / self.scale) @ self.Gk
         self.compute_time += time.perf_counter() - t0
         w = np.array(self.worker_weights) / self.scale
         for name in self.solver.net.outputs:  # what the Solver displays: this node's slice
@@ -620,7 +637,7 @@ class Node:
             self.stop_at = nxt
             for dst in range(1, self.world):
                 self.transport.send(dst, F.STOP, 0, nxt)
-        want_hist = self.rank == 0 and (
+        want_hist = self.rank == 0 and bool(self.ps_blobs) and (
             (p.snapshot and nxt % p.snapshot == 0)
             or (nxt >= p.max_iter and p.snapshot_after_train)
             or (self.stop_at is not None and nxt >= self.stop_at)
@@ -630,17 +647,21 @@ class Node:
                 self.hist_pending += sum(
                     len(solver.history)
                     for s in range(1, self.world)
-                    for i in range(self.n_blobs)
+                    for i in self.ps_blobs
                     if self.bounds[i][s][1] > self.bounds[i][s][0]
                 )
                 self.hist_requests.add(nxt)
             for dst in range(1, self.world):
                 self.transport.send(dst, F.HIST_REQ, 0, nxt)
-        for i in reversed(range(self.n_blobs)):
-            self.push(i, c)
+        if not self.hooked_push:
+            for i in reversed(self.ps_blobs):
+                self.push(i, c)
         version = nxt if exact else nxt - self.staleness
-        for i in range(self.n_blobs):
-            self.wait_params(i, version)
+        if exact or not self.deferred_wait:
+            for i in self.ps_blobs:
+                self.wait_params(i, version)
+            for wait in self.extra_waits:
+                wait(version)
         if want_hist:
             with self.cv:
                 while self.error is None and (self.hist_pending > 0 or nxt in self.hist_requests):

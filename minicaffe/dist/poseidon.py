@@ -1,0 +1,431 @@
+"""Poseidon's two ideas on top of a distributed node: wait-free backprop and hybrid communication.
+
+``Poseidon(node, comm="hybrid", wfbp=True)`` joins a ``minicaffe.dist.ps.Node`` (before its
+``start()``) through declared seams only: the replicas' ``Net.add_hooks``, the Solver's
+callbacks, and the Node's extension point (``ps_blobs``, ``hooked_push``, ``deferred_wait``,
+``extra_waits``, ``combined_by_hooks``, ``extra_handlers``).
+
+**Hybrid communication** (``comm``): ``cost.plan`` picks, per layer, the parameter server (PS)
+or sufficient-factor broadcasting (SFB). A PS layer's blobs go through the Node's shards as
+before. An SFB layer never reaches the shards: after its backward, each node writes its factors
+u (K x M, top diff, scaled by its share of the global batch) and v (K x N, bottom data) into
+row block ``rank`` of two per-layer matrices U (sum K x M) and V (sum K x N) and sends that block
+to every peer (FACTOR frames, key = 2 x weight blob + 0 for u / 1 for v, received straight into
+the peer's U and V). When all P blocks are in, this node's SFB thread rebuilds the summed
+gradient with one GEMM (U^T V; the bias: the column sums of U), applies the Solver's own rule
+(a Solver of the same type over the SFB layers' parameters, as each PS shard has one), and
+writes the new parameters into the node's parameter vector. Every node runs the same GEMM on
+the same U and V in the same order and the same update on the same state, so the replicas stay
+bitwise identical (tested).
+
+**Wait-free backprop** (``wfbp``): the sync of layer l starts in the after-backward hook of
+layer l (PS: ``node.push``; SFB: the factors are sent), while the backward of the layers below
+goes on; the next forward of layer l waits in its before-forward hook for layer l's parameters
+only (PS: ``node.wait_params``; SFB: this runtime's version of the layer). Without WFBP the
+PS pushes happen in the Node's ``sync()`` and the SFB factors leave in ``on_gradients_ready``,
+after the whole backward, and ``sync()`` waits for every layer before the next iteration.
+
+With ``--workers N`` the hooks of the N replicas count: the last worker through layer l's
+backward sums the workers' gradients of that layer (PS) or has the node's factor block complete
+(SFB, each worker writes its own rows) and starts the sync.
+
+Refused with a clear error: SFB layers with ``clip_gradients`` (the global norm would need every
+layer's gradient before any update) or ``iter_size > 1``.
+"""
+
+import threading
+import time
+
+import numpy as np
+
+from ..errors import MinicaffeError
+from ..parallel.replica import shard_bounds
+from ..solvers import solver_class
+from . import cost
+from . import frames as F
+from .ps import ShardNet
+from .sfb import SufficientFactors, rebuild
+from .transport import DistError
+
+
+def _quiet(_message):
+    pass
+
+
+class SFBLayer:
+    """One SFB layer's geometry and buffers: U, V per clock slot; rows of every node."""
+
+    def __init__(self, index, name, blobs, m, n, transpose, rows, dtype, slots):
+        self.index, self.name, self.blobs = index, name, blobs  # blobs: [weight] or [weight, bias]
+        self.m, self.n, self.transpose = m, n, transpose
+        self.rows = rows  # rows of each node, rank order
+        self.starts = np.concatenate([[0], np.cumsum(rows)]).astype(int)
+        total = int(self.starts[-1])
+        self.U = [np.zeros((total, m), dtype) for _ in range(slots)]
+        self.V = [np.zeros((total, n), dtype) for _ in range(slots)]
+
+    def block(self, slot, rank, part):
+        a = (self.U if part == 0 else self.V)[slot]
+        return a[self.starts[rank] : self.starts[rank + 1]]
+
+
+class Poseidon:
+    """WFBP and HybComm for one node; see the module docstring."""
+
+    def __init__(self, node, comm="hybrid", wfbp=True, log=None):
+        if comm not in cost.COMM_MODES:
+            raise MinicaffeError(f"--comm must be one of {', '.join(cost.COMM_MODES)}, got '{comm}'")
+        self.node, self.comm, self.wfbp = node, comm, bool(wfbp)
+        self.log = log or node.log
+        solver = node.solver
+        self.solver = solver
+        self.rank, self.world = node.rank, node.world
+        self.replicas = [r for r, _ in node.replicas]
+        rep = self.replicas[0]
+        self.costs = cost.plan(rep, self.world, comm=comm, workers=node.n_workers)
+        self.blob_layer = {}  # learnable blob index -> layer index (the layer that owns it)
+        for i, l in enumerate(rep.param_layer_indices):
+            self.blob_layer[i] = l
+        self.layer_blobs = {c.index: list(c.params) for c in self.costs}  # what each layer syncs
+        self.reads = {}  # layer -> every learnable blob its forward reads (shared ones too)
+        for l, entries in cost.layer_params(rep).items():
+            self.reads[l] = [i for i, _ in entries]
+        chosen = [c for c in self.costs if c.choice == "sfb"] if self.world > 1 else []
+        p = solver.param
+        if chosen and p.clip_gradients >= 0:
+            raise MinicaffeError(
+                f"clip_gradients needs the global gradient norm before any update, but SFB layers "
+                f"({', '.join(c.name for c in chosen)}) update on their own: use --comm ps"
+            )
+        if chosen and p.iter_size > 1:
+            raise MinicaffeError(
+                f"iter_size {p.iter_size} with SFB layers ({', '.join(c.name for c in chosen)}) is not "
+                f"supported: use --comm ps, or a larger batch"
+            )
+        # -- SFB layers: rows per node, buffers, and a Solver over their parameters
+        # clock slots of U and V: under SSP a peer may send factors up to 2s + 1 clocks ahead of
+        # this node's version of the layer (it needs ours of clock c - s - 1 to compute clock c)
+        self.slots = 2 * node.staleness + 2
+        first = node.data_layers[0][1]
+        node_rows = [hi - lo for lo, hi in shard_bounds(first.batch_size, self.world)]
+        self.sfb = {}
+        rep_items = node.worker_bounds[first.name][0][1] - node.worker_bounds[first.name][0][0]
+        for c in chosen:
+            per_item = rep.top_vecs[c.index][0].count // c.m // rep_items  # rows per image (axis > 1: more)
+            rows = [r * per_item for r in node_rows]
+            self.sfb[c.index] = SFBLayer(c.index, c.name, c.params, c.m, c.n, c.transpose, rows, rep.dtype, self.slots)
+        self.sfb_blobs = sorted(i for s in self.sfb.values() for i in s.blobs)
+        # rows of each worker inside this node's block (the same split as the batch)
+        self.worker_rows = {}
+        for l, s in self.sfb.items():
+            per_item = s.rows[self.rank] // max(node_rows[self.rank], 1)
+            bounds = node.worker_bounds[first.name]
+            base = bounds[0][0]
+            self.worker_rows[l] = [((a - base) * per_item, (b - base) * per_item) for a, b in bounds]
+        sizes = [node.layout.counts[i] if i in self.sfb_blobs else 0 for i in range(node.n_blobs)]
+        self.sfb_net = ShardNet(solver.net, sizes)
+        sp = p.copy()
+        for f in ("test_iter", "test_net", "test_net_param", "test_state"):
+            sp.clear(f)
+        sp.random_seed = -1
+        sp.clip_gradients = -1
+        self.sfb_solver = solver_class(solver.type)(sp, train_net=self.sfb_net, log=_quiet)
+        self.version = {l: 0 for l in self.sfb}  # clocks applied to each SFB layer
+        self.arrivals = {}  # (clock, layer) -> blocks here (own block counts one)
+        self.ready = []  # (clock, layer) with every block here
+        self.worker_done = {}  # (clock, layer) -> workers through the layer's backward
+        self.started = False
+        self.closed = False
+        self.sfb_wait = 0.0
+        self.timeline = []  # (lane, layer, start, end, clock) over the first clocks
+        self.timeline_clocks = 4
+        self.lock = threading.Lock()
+        # -- join the Node, the replicas and the Solver
+        node.ps_blobs = [i for i in range(node.n_blobs) if i not in self.sfb_blobs]
+        node.hooked_push = node.deferred_wait = self.wfbp
+        node.combined_by_hooks = self.wfbp and node.n_workers > 1
+        node.extra_waits.append(self.wait_all)
+        node.extra_handlers[F.FACTOR] = self
+        self.handles = []
+        for k, net in enumerate(self.replicas):
+            self.handles.append(
+                net.add_hooks(
+                    before_forward=lambda l, k=k: self._before_forward(k, l),
+                    after_forward=lambda l, k=k: self._after_forward(k, l),
+                    before_backward=lambda l, k=k: self._before_backward(k, l),
+                    after_backward=lambda l, k=k: self._after_backward(k, l),
+                )
+            )
+        solver.add_callback(self)
+        self.thread = threading.Thread(target=self._serve, name="minicaffe-sfb", daemon=True)
+        self._t_forward = self._t_backward = 0.0
+        self._sync_t0 = {}  # (clock, layer) -> when its sync started (timeline clocks only)
+        self.iter0 = None
+        if self.rank == 0:
+            self.log(cost.format_plan(self.costs, self.world, comm=comm))
+            self.log(f"WFBP {'on' if self.wfbp else 'off'}; {len(self.sfb)} SFB layer(s), {len(node.ps_blobs)} PS blob(s)")
+
+    # -- Solver callbacks ----------------------------------------------------------------------
+    def on_start(self, solver):
+        if not self.started:  # the Node has started: W holds the run's initial parameters
+            self.started = True
+            for i in self.sfb_blobs:
+                self.sfb_net.learnable_params[i].flat_data[...] = self.node.params(i)
+            self.sfb_solver.iter = solver.iter
+            self.sfb_solver.current_step = solver.current_step
+            self.version = {l: solver.iter for l in self.sfb}
+            self.iter0 = solver.iter
+            self.thread.start()
+
+    def on_gradients_ready(self, solver):
+        if not self.wfbp:  # the whole backward is done: the SFB syncs start now, top layer first
+            for l in sorted(self.sfb, reverse=True):
+                self._send_factors(l, self.node.clock)
+
+    def on_iteration(self, solver, loss, lr):
+        p = solver.param
+        due = (p.snapshot and solver.iter % p.snapshot == 0) or solver.iter >= p.max_iter or solver.requested_stop
+        if self.rank == 0 and due and self.sfb:
+            self.wait_all(solver.iter)  # the snapshot must see SFB layers' history too
+            for h, hist in enumerate(self.sfb_solver.history):
+                for i in self.sfb_blobs:
+                    solver.history[h][i][...] = hist[i].reshape(solver.history[h][i].shape)
+
+    # -- hooks (compute threads) ---------------------------------------------------------------
+    def _now(self):
+        return time.perf_counter() - self.node.t_origin
+
+    def _record(self, lane, l, start, end):
+        clock = self.node.clock
+        if self.started and clock - self.iter0 < self.timeline_clocks:
+            with self.lock:
+                self.timeline.append((lane, self.replicas[0].layer_names[l], start, end, clock))
+
+    def _before_forward(self, k, l):
+        if self.wfbp and l in self.reads:
+            t0 = self._now()
+            version = self.node.clock - self.node.staleness
+            for i in self.reads[l]:
+                if i in self.node.ps_blobs:
+                    self.node.wait_params(i, version)
+            if l in self.sfb:
+                self._wait_layer(l, version)
+            if k == 0 and self._now() - t0 > 1e-4:
+                self._record("wait", l, t0, self._now())
+        if k == 0:
+            self._t_forward = self._now()
+
+    def _after_forward(self, k, l):
+        if k == 0:
+            self._record("forward", l, self._t_forward, self._now())
+
+    def _before_backward(self, k, l):
+        if k == 0:
+            self._t_backward = self._now()
+
+    def _after_backward(self, k, l):
+        if k == 0:
+            self._record("backward", l, self._t_backward, self._now())
+        if l not in self.layer_blobs:
+            return
+        node, clock = self.node, self.node.clock
+        if l in self.sfb:
+            s = self.sfb[l]
+            slot = clock % self.slots
+            rep = self.replicas[k]
+            a, b = self.worker_rows[l][k]
+            u = s.block(slot, self.rank, 0)[a:b]
+            v = s.block(slot, self.rank, 1)[a:b]
+            u[...] = rep.top_vecs[l][0].diff.reshape(b - a, s.m)
+            u *= node.worker_weights[k]  # this worker's share of the global mean gradient
+            v[...] = rep.bottom_vecs[l][0].data.reshape(b - a, s.n)
+        if node.n_workers > 1:
+            with self.lock:
+                key = (clock, l)
+                n = self.worker_done.get(key, 0) + 1
+                self.worker_done[key] = n
+                if n < node.n_workers:
+                    return
+                del self.worker_done[key]
+        if not self.wfbp:
+            return
+        if l in self.sfb:
+            self._send_factors(l, clock)
+        else:
+            if node.combined_by_hooks:  # sum the workers' gradients of this layer into the node's
+                G = node.G[clock % node.n_slots]
+                for i in self.layer_blobs[l]:
+                    lo, n = node.layout.offsets[i], node.layout.counts[i]
+                    w = np.array(node.worker_weights, node.dtype) / node.scale
+                    G[lo : lo + n] += w @ node.Gk[:, lo : lo + n]
+            t0 = self._now()
+            for i in self.layer_blobs[l]:
+                node.push(i, clock)
+            self._sync_started(l, clock, t0)
+
+    def _sync_started(self, l, clock, t0):
+        if self.started and clock - self.iter0 < self.timeline_clocks:
+            with self.lock:
+                self._sync_t0[(clock, l)] = t0
+                if l not in self.sfb:  # a PS sync ends when the last PARAM slice lands (node.timeline)
+                    self.timeline.append(("push", self.replicas[0].layer_names[l], t0, t0, clock))
+
+    # -- SFB: sending, receiving, rebuilding ---------------------------------------------------
+    def _send_factors(self, l, clock):
+        s = self.sfb[l]
+        slot = clock % self.slots
+        w = s.blobs[0]
+        self._sync_started(l, clock, self._now())
+        for dst in range(self.world):
+            if dst != self.rank:
+                self.node.transport.send(dst, F.FACTOR, 2 * w, clock, s.block(slot, self.rank, 0))
+                self.node.transport.send(dst, F.FACTOR, 2 * w + 1, clock, s.block(slot, self.rank, 1))
+        self._count(clock, l)
+
+    def destination(self, src, h):
+        w, part = divmod(h.key, 2)
+        l = self.blob_layer.get(w)
+        if l not in self.sfb or self.sfb[l].blobs[0] != w:
+            raise F.FrameError(f"FACTOR frame for blob {w}, which is not the weight of an SFB layer", f"node {src}")
+        with self.node.cv:
+            v = self.version[l]
+        if self.started and not v <= h.clock < v + self.slots - 1 + 1:
+            raise F.FrameError(f"factors of clock {h.clock} while layer {self.sfb[l].name} is at version {v}")
+        return self.sfb[l].block(h.clock % self.slots, src, part)
+
+    def arrived(self, src, h, array):
+        if h.key % 2 == 1:  # u and v of a node travel in order: v completes its block
+            self._count(h.clock, self.blob_layer[h.key // 2])
+
+    def control(self, src, h, payload):
+        raise F.FrameError("FACTOR frames carry tensors, not control payloads", f"node {src}")
+
+    def _count(self, clock, l):
+        with self.node.cv:
+            key = (clock, l)
+            n = self.arrivals.get(key, 0) + 1
+            self.arrivals[key] = n
+            if n == self.world:
+                del self.arrivals[key]
+                self.ready.append(key)
+                self.node.cv.notify_all()
+
+    def _serve(self):
+        """This node's SFB thread: rebuild and update each (clock, layer) whose blocks are all here."""
+        node = self.node
+        try:
+            while True:
+                with node.cv:
+                    while not self.ready and not self.closed and node.error is None:
+                        node.cv.wait(0.5)
+                    if self.closed or node.error is not None:
+                        return
+                    work = sorted(self.ready)
+                    self.ready.clear()
+                for clock, l in work:
+                    self._apply(clock, l)
+        except Exception as exc:  # noqa: BLE001  (stops the run with the reason)
+            node.failed(f"the SFB thread on node {self.rank} failed: {type(exc).__name__}: {exc}")
+
+    def _apply(self, clock, l):
+        s = self.sfb[l]
+        slot = clock % self.slots
+        ss, net = self.sfb_solver, self.sfb_net
+        if ss.iter != clock or not hasattr(self, "_rate"):
+            ss.iter = clock
+            self._rate = ss.learning_rate()
+        w = net.learnable_params[s.blobs[0]]
+        wshape = (s.n, s.m) if s.transpose else (s.m, s.n)
+        bias = net.learnable_params[s.blobs[1]].flat_diff if len(s.blobs) > 1 else None
+        rebuild(
+            SufficientFactors(s.U[slot], s.V[slot]),
+            w.flat_diff.reshape(wshape),
+            bias,
+            transpose=s.transpose,
+            gemm=self.solver.net.backend.gemm,
+        )
+        for i in s.blobs:
+            ss.update_parameter(i, self._rate)
+        with self.node.cv:
+            for i in s.blobs:
+                self.node.params(i)[...] = net.learnable_params[i].flat_data
+            self.version[l] = clock + 1
+            self.node.cv.notify_all()
+        with self.lock:
+            t0 = self._sync_t0.pop((clock, l), None)
+        if t0 is not None:
+            with self.lock:
+                self.timeline.append(("sync", s.name, t0, self._now(), clock))
+
+    def _wait_layer(self, l, version):
+        t0 = time.perf_counter()
+        node = self.node
+        with node.cv:
+            while node.error is None and self.version[l] < version:
+                node.cv.wait(0.5)
+            if node.error is not None:
+                raise DistError(f"node {self.rank}: {node.error} (at iteration {self.solver.iter})")
+        self.sfb_wait += time.perf_counter() - t0
+
+    def wait_all(self, version):
+        """Every SFB layer at ``version`` at least (the Node's ``sync()`` calls this where it waits)."""
+        for l in self.sfb:
+            self._wait_layer(l, version)
+
+    # -- reports -------------------------------------------------------------------------------
+    def measured_bytes(self, iterations):
+        """{layer name: bytes sent + received per iteration} from the transport's counters
+        (payload + the 48-byte header of every frame)."""
+        st = self.node.transport.stats
+        out = {}
+        for c in self.costs:
+            if c.index in self.sfb:
+                w = self.sfb[c.index].blobs[0]
+                keys = [("FACTOR", 2 * w), ("FACTOR", 2 * w + 1)]
+            else:
+                keys = [(k, i) for i in c.params for k in ("GRAD", "PARAM")]
+            with st.lock:
+                n = sum(st.sent.get(k, 0) + st.received.get(k, 0) for k in keys)
+            out[c.name] = n / max(iterations, 1)
+        return out
+
+    def predicted_bytes(self):
+        """{layer name: (rule bytes, header bytes)} per iteration for this node.
+
+        Headers: PS sends and receives a GRAD and a PARAM frame per blob per peer (4 (P-1)
+        frames per blob); SFB a u and a v frame per peer each way (4 (P-1) per layer)."""
+        out = {}
+        frames = 4 * (self.world - 1)
+        for c in self.costs:
+            if c.index in self.sfb:
+                s = self.sfb[c.index]
+                mine = s.rows[self.rank]
+                others = sum(s.rows) - mine
+                floats = (mine * (self.world - 1) + others) * (s.m + s.n)
+                out[c.name] = (floats * c.itemsize, frames * F.HEADER_SIZE)
+            else:
+                out[c.name] = (c.floats * c.itemsize, frames * F.HEADER_SIZE * len(c.params))
+        return out
+
+    def bytes_table(self, iterations):
+        measured = self.measured_bytes(iterations)
+        lines = [
+            f"bytes per iteration on node {self.rank} ({self.comm}, WFBP {'on' if self.wfbp else 'off'}):",
+            f"  {'layer':<10} {'method':<6} {'predicted':>12} {'+ headers':>10} {'measured':>12} {'ratio':>7}",
+        ]
+        for name, (rule, head) in self.predicted_bytes().items():
+            method = "SFB" if any(s.name == name for s in self.sfb.values()) else "PS"
+            m = measured[name]
+            lines.append(
+                f"  {name:<10} {method:<6} {rule:>12,.0f} {head:>10,} {m:>12,.0f} {m / max(rule + head, 1):>7.3f}"
+            )
+        return "\n".join(lines)
+
+    def close(self):
+        with self.node.cv:
+            self.closed = True
+            self.node.cv.notify_all()
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.solver.remove_callback(self)

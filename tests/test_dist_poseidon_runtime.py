@@ -1,0 +1,159 @@
+"""Wait-free backprop and hybrid communication on real loopback sockets, nodes as threads:
+every mode computes what one process computes (BSP, Caffe's LeNet solver), SFB replicas are
+bitwise identical after every update, measured bytes follow the cost rule, SSP and worker
+threads work, and what cannot work is refused clearly."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from minicaffe import proto
+from minicaffe.dist import frames as F
+from minicaffe.dist.poseidon import Poseidon
+from minicaffe.dist.ps import Node
+from minicaffe.dist.sockets import SocketTransport
+from minicaffe.errors import MinicaffeError
+from minicaffe.parallel import with_synthetic_data
+from minicaffe.solvers import get_solver
+from minicaffe.tools.common import resolve_net, resolve_solver
+
+SECRET = b"poseidon-test-secret"
+
+
+def lenet_solver(iters, **fields):
+    """Caffe's LeNet solver (momentum 0.9, decay 5e-4, inv policy) on seeded synthetic digits."""
+    p = proto.parse_file(resolve_solver("lenet"), "SolverParameter")
+    p.clear("net")
+    p.net_param = with_synthetic_data(proto.parse_file(resolve_net("lenet", "train_test"), "NetParameter"), 512)
+    p.clear("test_iter")
+    p.test_interval, p.display, p.snapshot, p.snapshot_after_train, p.max_iter = 0, 0, 0, False, iters
+    for k, v in fields.items():
+        setattr(p, k, v)
+    return get_solver(p, log=lambda m: None)
+
+
+def mesh(world, limit):
+    quiet = lambda m: None
+    t0 = SocketTransport(0, world, "127.0.0.1:0", SECRET, {"net": "lenet"}, limit, log=quiet)
+    rdv = f"127.0.0.1:{t0.address[1]}"
+    ts = [t0] + [SocketTransport(r, world, rdv, SECRET, {"net": "lenet"}, limit, log=quiet) for r in range(1, world)]
+    threads = [threading.Thread(target=t.form) for t in ts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return ts
+
+
+def run(world, comm, wfbp, iters=3, staleness=0, workers=1, watch=None, **fields):
+    """Train ``world`` nodes in threads; -> (solvers, nodes, poseidons). ``watch(rank, pos,
+    solver)`` runs after every iteration on every node."""
+    solvers = [lenet_solver(iters, **fields) for _ in range(world)]
+    ts = mesh(world, 1 << 22)
+    slots = staleness + 2 if wfbp else None
+    nodes = [Node(s, t, staleness=staleness, workers=workers, gradient_slots=slots) for s, t in zip(solvers, ts)]
+    logs = [[] for _ in range(world)]
+    try:
+        pos = [Poseidon(n, comm, wfbp, log=logs[n.rank].append) for n in nodes]
+    except BaseException:
+        for t in ts:
+            t.shutdown()
+        raise
+    errors = {}
+
+    def go(r):
+        s, node = solvers[r], nodes[r]
+        try:
+            if watch is not None:
+                s.on_iteration.append(lambda solver, loss, lr: watch(r, pos[r], solver))
+            s.set_gradient_source(node.gradient_source)
+            s.set_updater(node.updater)
+            node.start()
+            s.step(iters)
+            node.reports = node.finish()
+        except BaseException as exc:  # noqa: BLE001  (re-raised below)
+            errors[r] = exc
+            node.abort()
+        finally:
+            pos[r].close()
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    if errors:
+        raise errors[min(errors)]
+    pos[0].logs = logs[0]
+    return solvers, nodes, pos
+
+
+def reference(iters):
+    s = lenet_solver(iters)
+    s.step(iters)
+    return [p.data.copy() for p in s.net.learnable_params]
+
+
+def assert_matches(solver, want, tol=1e-4):
+    for i, (p, w) in enumerate(zip(solver.net.learnable_params, want)):
+        err = float(np.max(np.abs(p.data - w)) / max(float(np.max(np.abs(w))), 1e-12))
+        assert err < tol, f"blob {i} {p.shape}: relative difference {err:.3g} > {tol}"
+
+
+@pytest.fixture(scope="module")
+def bsp_reference():
+    return reference(3)
+
+
+@pytest.mark.parametrize(
+    "world,comm,wfbp,workers",
+    [(2, "hybrid", True, 1), (2, "ps", True, 1), (2, "sfb", False, 1), (3, "hybrid", False, 2), (3, "sfb", True, 2)],
+)
+def test_every_mode_computes_what_one_process_computes(bsp_reference, world, comm, wfbp, workers):
+    digests = {}
+
+    def watch(rank, pos, solver):  # after every update: the SFB layers of every node
+        pos.wait_all(solver.iter)
+        for i in pos.sfb_blobs:
+            digests.setdefault((solver.iter, i), {})[rank] = solver.net.learnable_params[i].data.tobytes()
+
+    solvers, nodes, pos = run(world, comm, wfbp, workers=workers, watch=watch)
+    for s in solvers:
+        assert_matches(s, bsp_reference)
+    want_sfb = {"ps": [], "hybrid": ["ip1"], "sfb": ["ip1", "ip2"]}[comm]
+    assert sorted(l.name for l in pos[0].sfb.values()) == want_sfb
+    assert len(digests) == 3 * 2 * len(want_sfb)
+    for key, per_node in digests.items():
+        assert len(per_node) == world and len(set(per_node.values())) == 1, f"replicas differ at {key}"
+    # measured bytes per layer per iteration: the cost rule plus 48 bytes per frame
+    for p in pos:
+        measured = p.measured_bytes(3)
+        for name, (rule, headers) in p.predicted_bytes().items():
+            assert abs(measured[name] - (rule + headers)) <= 0.05 * (rule + headers), (p.rank, name)
+
+
+def test_start_up_prints_the_plan_and_bytes_table():
+    solvers, nodes, pos = run(2, "hybrid", True, iters=2)
+    text = "\n".join(pos[0].logs)
+    assert "HybComm plan (hybrid)" in text and "SFB" in text and "WFBP on" in text
+    table = pos[0].bytes_table(2)
+    assert "ip1" in table and "SFB" in table and "measured" in table
+
+
+def test_ssp_with_wfbp_keeps_replicas_identical():
+    solvers, nodes, pos = run(2, "hybrid", True, iters=4, staleness=1)
+    for s in solvers:
+        assert all(np.isfinite(p.data).all() for p in s.net.learnable_params)
+    for i in pos[0].sfb_blobs:  # the last clock is exact (max_iter): every node waited for it
+        assert np.array_equal(solvers[0].net.learnable_params[i].data, solvers[1].net.learnable_params[i].data)
+
+
+def test_refusals():
+    with pytest.raises(MinicaffeError, match="clip_gradients"):
+        run(2, "hybrid", False, iters=1, clip_gradients=10.0)
+    with pytest.raises(MinicaffeError, match="iter_size"):
+        run(2, "sfb", False, iters=1, iter_size=2)
+    with pytest.raises(MinicaffeError, match="--comm"):
+        run(2, "allreduce", False, iters=1)
+    assert "FACTOR" in F.KIND_NAMES.values()
