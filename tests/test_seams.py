@@ -194,6 +194,26 @@ def test_no_module_replaces_methods_on_instances():
     assert not found, "methods replaced on instances (declare a seam instead):\n" + "\n".join(found)
 
 
+def test_data_layers_are_found_by_type_not_by_their_insides():
+    """The solver and runtimes find data layers with isinstance(layer, DataLayer) and use its
+    contract; no module probes for state_dict or reaches into a layer's prefetcher."""
+    found = []
+    for rel, tree in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "prefetcher" and not _own_object(node.value):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "hasattr"
+                and len(node.args) == 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in ("state_dict", "load_state_dict", "prefetcher")
+            ):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "data layers probed instead of found by type:\n" + "\n".join(found)
+
+
 def test_the_checks_catch_what_they_forbid():
     """The two checks are not vacuous: each flags a small offending module, and lets the same
     code pass inside the file that owns the names."""
