@@ -24,8 +24,8 @@ caffe.set_random_seed(0)
 
 NET = """
 name: "lesson2"
-input: "data"   input_shape { dim: 4 dim: 1 dim: 12 dim: 12 }
-input: "label"  input_shape { dim: 4 }
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 1 dim: 12 dim: 12 } shape { dim: 4 } } }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         convolution_param { num_output: 6 kernel_size: 5 weight_filler { type: "xavier" } } }
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
@@ -44,7 +44,7 @@ layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" inc
 
 # %%
 param = proto.parse(NET, "NetParameter")
-print("net", param.name, "with", len(param.layer), "layers")
+print("net", param.name, "with", len(param.layer), "layers:", [lp.name for lp in param.layer])
 print(
     "conv1's kernel_size:",
     param.layer[0].convolution_param.kernel_size,
@@ -149,6 +149,23 @@ show(fig, "02_net_graph")
 # In the TEST graph, `ip` and `label` each feed a Split whose two tops go to the loss and to the
 # accuracy; in TRAIN there is one reader and no split. Under `relu1`, `pool1` appears twice: the
 # ReLU's output is a new version of the same blob.
+#
+# minicaffe also ships Caffe's drawing tool, which draws the *prototxt* (so no Splits: they
+# are the Net's business) from left to right, with each layer's settings:
+# `python -m minicaffe.draw_net nets/lenet_train_test.prototxt lenet.png --phase TRAIN`, or from
+# Python `minicaffe.draw.draw_net(param, rankdir, ext, phase)`, which returns the image's bytes.
+
+# %%
+import io
+
+from minicaffe import draw
+
+png = draw.draw_net(param, rankdir="LR", ext="png", phase=caffe.TEST)
+image = plt.imread(io.BytesIO(png))
+fig, ax = plt.subplots(figsize=(image.shape[1] / 90, image.shape[0] / 90))
+ax.imshow(image)
+ax.axis("off")
+show(fig, "02_draw_net")
 #
 # ## Parameters and which layers need backward
 # Each layer with weights has parameter blobs (`net.params[name]`: weights, then bias). The net

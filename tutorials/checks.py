@@ -239,3 +239,73 @@ def _(mod):
         close(got_w, want_w, f"new w (lr {lr}, momentum {m}, decay {wd})")
         close(got_h, want_h, f"new h (lr {lr}, momentum {m}, decay {wd})")
     assert all(np.array_equal(a, b) for a, b in zip((w, g, h), saved)), "the inputs must not be modified"
+
+
+# -- lesson 5: memory-bound kernels -----------------------------------------------------------------
+@check("05.1", "softmax_rows is right and does not overflow")
+def _(mod):
+    from kernels import softmax
+
+    rng = np.random.default_rng(8)
+    for x in (rng.standard_normal((4, 10)), rng.standard_normal((3, 7)).astype(np.float32) * 5):
+        close(
+            mod.softmax_rows(x.copy()),
+            softmax.REFERENCES["softmax_fwd"](x[:, :, None])[:, :, 0],
+            f"softmax of {x.shape}",
+            rtol=1e-5,
+        )
+    big = np.array([[1000.0, 1001.0, 999.0], [-1000.0, -1000.0, -1000.0]], np.float32)
+    with np.errstate(over="raise", invalid="raise"):
+        got = mod.softmax_rows(big)
+    assert got.dtype == np.float32, f"float32 in should give float32 out, got {got.dtype}"
+    close(got, softmax.REFERENCES["softmax_fwd"](big[:, :, None])[:, :, 0], "softmax of scores near 1000", rtol=1e-5)
+
+
+@check("05.2", "max_pool_2x2 matches kernels.pooling's reference, mask included")
+def _(mod):
+    import inspect
+
+    from kernels import pooling
+
+    rng = np.random.default_rng(9)
+    for shape in [(1, 1, 2, 2), (2, 3, 4, 6), (3, 2, 8, 8)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        x[0, 0, 0, :2] = x[0, 0, 1, :2] = 5.0  # a tie: the first in row-major order wins
+        y, mask = mod.max_pool_2x2(x)
+        ry, rmask = pooling.REFERENCES["max_pool_fwd"](x, 2, 2, 2, 2, 0, 0, shape[2] // 2, shape[3] // 2)
+        close(y, ry, f"y of {shape}")
+        assert np.array_equal(mask, rmask), f"mask of {shape}: got\n{mask[0, 0]}\nexpected\n{rmask[0, 0]}"
+    src = inspect.getsource(mod.max_pool_2x2)
+    assert src.count("for ") <= 1, "use reshapes, not loops over pixels"
+
+
+# -- lesson 6: GPU kernels in the simulator -------------------------------------------------------
+def _kernel(mod, name):
+    k = getattr(mod, name)
+    if not hasattr(k, "__getitem__"):
+        import inspect
+
+        k(*([None] * len(inspect.signature(k).parameters)))  # a stub raises NotImplementedError here
+        raise AssertionError(f"{name} must be a CUDA kernel: decorate it with @cuda.jit")
+    return k
+
+
+@check("06.1", "scale_kernel covers every element for any launch size")
+def _(mod):
+    k = _kernel(mod, "scale_kernel")
+    x = np.arange(37, dtype=np.float32)
+    for blocks, threads in [(1, 1), (2, 3), (3, 4), (5, 8), (20, 2)]:
+        out = np.full_like(x, np.nan)
+        k[blocks, threads](x, np.float32(2.5), out)
+        close(out, 2.5 * x, f"scale_kernel[{blocks}, {threads}] on 37 elements")
+
+
+@check("06.2", "block_max reduces any length with one block of 8 threads")
+def _(mod):
+    k = _kernel(mod, "block_max")
+    rng = np.random.default_rng(6)
+    for n in (1, 5, 8, 29):
+        x = rng.standard_normal(n).astype(np.float32) - 10.0
+        out = np.zeros(1, np.float32)
+        k[1, 8](x, out)
+        close(out[0], x.max(), f"block_max of {n} numbers (all negative)")
