@@ -213,6 +213,7 @@ def test_restore_refuses_another_nets_state(tmp_path):
         other.restore(state)
 
 
+@pytest.mark.nan_expected
 def test_nan_loss_stops_with_message(tmp_path):
     s = caffe.SGDSolver(solver_param(tmp_path, base_lr=1e30), log=lambda m: None)
     with pytest.raises(SolverError, match=r"loss is (nan|inf) at iteration \d+"):

@@ -407,3 +407,35 @@ def test_the_log_survives_kill_9_up_to_the_last_display_line(tmp_path):
     assert iters == list(range(len(iters))) and len(iters) >= 150
     assert records[0]["kind"] == "start" and all(r["kind"] != "end" for r in records)
     assert [r["iter"] for r in records if r["kind"] == "test"] == list(range(0, iters[-1] + 2, 50))
+
+
+# -- 8. the test run itself: skip reasons, warnings, temporary files ------------------------------
+def test_test_runs_leave_no_temp_dirs_and_say_why_gpu_cases_skip(pytester):
+    pytester.makeconftest(open(os.path.join(ROOT, "tests", "conftest.py")).read())
+    pytester.makepyfile(
+        test_leaky="""
+        import tempfile, numpy as np, pytest
+
+        def test_leaks_a_directory():
+            print("LEAK", tempfile.mkdtemp(prefix="lesson4-"))
+
+        @pytest.mark.gpu
+        def test_on_the_gpu():
+            pass
+
+        @pytest.mark.nan_expected
+        def test_overflow_on_purpose():
+            np.float32(3e38) * np.float32(10)
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", "-rs", "-W", "error::RuntimeWarning", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    leaked = re.search(r"LEAK (\S+)", out)[1]
+    assert not os.path.exists(leaked)  # removed at the end of the run
+    assert "removed what tests left in the temporary directory: lesson4-" in result.stderr.str()
+    assert "already runs numba's CUDA simulator" not in out
+    from conftest import _why_no_gpu
+
+    if _why_no_gpu() is not None:
+        assert "needs a real NVIDIA GPU" in out and "skipped" in out
+    result.assert_outcomes(passed=3 if _why_no_gpu() is None else 2, skipped=0 if _why_no_gpu() is None else 1)

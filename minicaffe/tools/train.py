@@ -26,6 +26,8 @@ import sys
 import time
 import zipfile
 
+import numpy as np
+
 from .. import backend as _backend
 from ..dist import launch as dist
 from ..errors import MinicaffeError, SolverError
@@ -638,6 +640,9 @@ def run(args, parser=None):
     start = time.perf_counter()
     status, message = "done", None
     eta.begin()
+    # a diverging run is reported once, by the solver ("loss is nan at iteration N"), not by
+    # numpy's overflow warnings on the way there
+    numpy_errors = np.seterr(over="ignore", invalid="ignore", divide="ignore")
     try:
         if dist.is_node(args):  # node 0 of a distributed run (minicaffe/dist/launch.py)
             record.write(dist.train(solver, args, log, out_dir), flush=True)
@@ -675,6 +680,7 @@ def run(args, parser=None):
         record.close("aborted", solver.iter, "a second Ctrl-C")
         raise
     finally:
+        np.seterr(**numpy_errors)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if progress is not None:
