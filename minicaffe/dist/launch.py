@@ -245,12 +245,6 @@ def train(solver, args, log, out_dir=None):
 
     transport = make_transport(args, solver, log)
     rank, world = transport.rank, transport.world
-    p = solver.param
-    if rank != 0:  # node 0 tests, snapshots and writes; the others only train
-        p.test_interval = 0
-        p.snapshot = 0
-        p.snapshot_after_train = False
-        p.test_initialization = False
     log(
         f"node {rank}/{world}: {args.workers} worker thread(s), "
         + ("BSP" if not args.staleness else f"SSP staleness {args.staleness}")

@@ -118,6 +118,11 @@ class Node:
         self.resume = resume
         net = solver.net
         p = solver.param
+        if self.rank != 0:  # node 0 tests, snapshots and writes files; the others only train
+            p.test_interval = 0
+            p.snapshot = 0
+            p.snapshot_after_train = False
+            p.test_initialization = False
         if staleness < 0:
             raise DistError(f"staleness must be >= 0 (0 = BSP), got {staleness}")
         self.iter_size = max(1, int(p.iter_size))
