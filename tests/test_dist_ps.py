@@ -80,7 +80,7 @@ def test_uneven_shards_and_threads_inside_nodes():
         assert_close(params_of(s), params_of(ref))
 
 
-@pytest.mark.parametrize("kind", ["Adam", "clip"])
+@pytest.mark.parametrize("kind", [pytest.param("Adam", marks=pytest.mark.slow), "clip"])
 def test_other_rules_and_global_clipping(kind):
     fields = {"type": "Adam", "base_lr": 0.001, "momentum": 0.9, "momentum2": 0.999, "lr_policy": "fixed"}
     if kind == "clip":
@@ -93,6 +93,7 @@ def test_other_rules_and_global_clipping(kind):
         assert_close(params_of(s), params_of(ref))
 
 
+@pytest.mark.slow
 def test_ssp_keeps_replicas_identical():
     solvers = [lenet_solver(max_iter=4) for _ in range(3)]
     run_nodes(solvers, iters=4, staleness=1)

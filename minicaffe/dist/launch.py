@@ -21,6 +21,7 @@ testing or snapshotting; under the local launcher their output goes to ``<output
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,9 @@ def add_arguments(parser):
     g.add_argument("--link", help="emulate a link of this rate in the transport (e.g. 1gbit)")
     g.add_argument("--link-delay", default="0", help="with --link: one-way latency per frame (e.g. 0.1ms)")
     g.add_argument("--peer-timeout", type=float, default=10.0, help="seconds of silence before a node is lost")
+    g.add_argument(
+        "--connect-timeout", type=float, default=60.0, help="seconds to wait for the other nodes at start-up"
+    )
 
 
 def _env_int(name):
@@ -150,6 +154,7 @@ def launch_local(argv, args, log_dir=None, log=None):
         for f in files:
             f.close()
     if first_bad is None:
+        shutil.rmtree(log_dir, ignore_errors=True)  # kept only when something went wrong
         return 0
     r, c = first_bad
     how = f"was killed by {signal.Signals(-c).name}" if c < 0 else f"exited with status {c}"
@@ -208,7 +213,11 @@ def make_transport(args, solver, log):
     listen = parse_address(args.listen, "--listen") if args.listen else None
     secret = load_secret(args.secret_file)
     t = SocketTransport(
-        rank, world, rdv, secret, config, limit, listen_address=listen, link=link, log=log, peer_timeout=args.peer_timeout
+        rank, world, rdv, secret, config, limit, listen_address=listen,
+        link=link,
+        log=log,
+        peer_timeout=args.peer_timeout,
+        connect_timeout=args.connect_timeout,
     )
     return t.form()
 

@@ -255,6 +255,9 @@ class SocketTransport(Transport):
         except (F.FrameError, OSError) as exc:
             self._refused(peer, getattr(exc, "reason", None) or str(exc))
             conn.close()
+        except Exception as exc:  # noqa: BLE001  (whatever a stranger sends, the listener goes on)
+            self._refused(peer, f"{type(exc).__name__}: {exc}")
+            conn.close()
         finally:
             self._pending.release()
 
