@@ -147,7 +147,6 @@ def test_sigkill_of_a_node_stops_the_others_and_resume_continues(tmp_path):
         p.p.wait(timeout=120)
     assert [p.p.returncode for p in resumed] == [0, 0, 0], resumed[0].text() + resumed[1].text()
     assert f"at iteration {it}" in resumed[0].text()
-    assert f"lenet_iter_{it + 3}" not in resumed[0].text()
     assert any(f"_iter_{it + 3}.solverstate" in f for f in os.listdir(out))
 
 

@@ -4,6 +4,8 @@ inv lr policy), for even and uneven shards, with worker threads inside the nodes
 rules and with global gradient clipping; SSP keeps the replicas identical; node 0's snapshot
 resumes in one process."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -14,11 +16,12 @@ from minicaffe.parallel.replica import with_synthetic_data
 from minicaffe.solvers import get_solver, load_solver_param
 
 K = 3  # iterations compared
+NETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nets")
 
 
 def lenet_solver(tmp_path=None, batch=None, **fields):
-    param, _ = load_solver_param("nets/lenet_solver.prototxt")
-    net = with_synthetic_data(load_net_param("nets/lenet_train_test.prototxt"), count=256)
+    param, _ = load_solver_param(os.path.join(NETS, "lenet_solver.prototxt"))
+    net = with_synthetic_data(load_net_param(os.path.join(NETS, "lenet_train_test.prototxt")), count=256)
     if batch:
         for lp in net.layer:
             if lp.type == "Data" and "TRAIN" in str(lp.include):
