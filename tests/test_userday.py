@@ -381,11 +381,17 @@ def test_sigterm_stops_like_ctrl_c_with_a_snapshot_and_the_resume_command(tmp_pa
     command = out.split("To continue this run:\n")[1].splitlines()[0].split(" ", 1)[1].strip()
     solver = str(tmp_path / "solver.prototxt")
     assert command == (
-        f"python -m minicaffe.train {solver} --iters 1000000 --seed 3 --snapshot 0 --test-interval 50 "
-        f"--no-plot --resume {state}"
+        f"python -m minicaffe.train {solver} --no-plot --iters 1000000 --snapshot 0 --test-interval 50 --seed 3 "
+        f"--resume {state}"
     )
     end = train.read_log(log)["end"]
     assert end["status"] == "stopped" and end["iter"] == it
+    # the printed command continues the run, in the same directory and log
+    words = command.split()[3:]
+    words[words.index("--iters") + 1] = str(it + 3)  # only a few more iterations here
+    assert train.main(words) == 0
+    log_after = train.read_log(log)
+    assert log_after["train"]["iter"] == list(range(it + 3)) and len(log_after["runs"]) == 2
 
 
 def test_the_log_survives_kill_9_up_to_the_last_display_line(tmp_path):
@@ -439,3 +445,39 @@ def test_test_runs_leave_no_temp_dirs_and_say_why_gpu_cases_skip(pytester):
     if _why_no_gpu() is not None:
         assert "needs a real NVIDIA GPU" in out and "skipped" in out
     result.assert_outcomes(passed=3 if _why_no_gpu() is None else 2, skipped=0 if _why_no_gpu() is None else 1)
+
+
+# -- 9. the README's flag table, 10. a script beside the clone --------------------------------------
+def test_readme_flag_table_is_valid_markdown_and_complete():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text[text.index("## Training") :]
+    rows = [line for line in section[: section.index("\n\n", section.index("| flag |"))].splitlines() if line]
+    rows = [line for line in rows if line.startswith("|")]
+    assert rows[0] == "| flag | meaning |" and rows[1] == "|---|---|"
+    for row in rows[2:]:
+        cells = re.split(r"(?<!\\)\|", row.strip())[1:-1]  # unescaped pipes separate cells
+        assert len(cells) == 2, row
+    documented = set(re.findall(r"--[a-z][a-z-]*", "\n".join(rows)))
+    flags = set(re.findall(r"--[a-z][a-z-]*", train.build_parser().format_usage()))
+    dist_flags = {"--listen", "--secret-file", "--dist", "--link", "--link-delay", "--peer-timeout"}
+    assert flags - dist_flags - {"--help"} <= documented, flags - documented
+    assert 'pip install -e ".[test]" --config-settings editable_mode=compat' in text
+
+
+def test_a_script_beside_the_clone_imports_the_package(tmp_path):
+    """A clone folder named minicaffe next to a script: with the clone on the path (what the
+    README's editable_mode=compat install does) the package wins; without it, the folder does."""
+    os.symlink(ROOT, tmp_path / "minicaffe")
+    (tmp_path / "script.py").write_text("import minicaffe as caffe\ncaffe.set_mode_cpu()\nprint('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with_path = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, env=dict(env, PYTHONPATH=ROOT), capture_output=True, text=True
+    )
+    assert with_path.stdout.strip() == "ok", with_path.stderr
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    alone = subprocess.run(
+        [sys.executable, "-S", "-c", f"import sys; sys.path[:0] = ['{tmp_path}']; sys.path += {site!r}; "
+         "import minicaffe; minicaffe.set_mode_cpu()"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "has no attribute 'set_mode_cpu'" in alone.stderr  # the failure the install option avoids

@@ -40,23 +40,10 @@ TEMP_PREFIX = ".tmp-"  # what minicaffe.io.atomic_write names its temporaries
 FLUSH_SECONDS = 5.0  # the log reaches the disk at least this often (and at every display line)
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse's parser, keeping the options it defines (``options``) to rebuild a command line."""
-
-    def __init__(self, *args, **kwargs):
-        self.options = []
-        super().__init__(*args, **kwargs)
-
-    def add_argument(self, *args, **kwargs):
-        action = super().add_argument(*args, **kwargs)
-        if action.option_strings:
-            self.options.append(action)
-        return action
-
-
 def build_parser():
-    p = Parser(
+    p = argparse.ArgumentParser(
         prog="python -m minicaffe.train",
+        allow_abbrev=False,  # flags are spelled out, so the resume command can be rebuilt from them
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -454,19 +441,22 @@ def choose_device(args, param, solver_path, log):
     return device
 
 
-def resume_command(args, parser, state):
-    """The command line that continues this run from ``state``: the same settings, --resume."""
-    words = ["python", "-m", "minicaffe.train", args.solver]
-    for action in parser.options:
-        if action.dest in ("help", "resume", "weights", "force", "output"):
+def resume_command(argv, state):
+    """The command line that continues this run from ``state``: the run's own arguments, less
+    --resume/--weights/--output/--force (the run continues in the state's directory), plus
+    ``--resume state``."""
+    drop_with_value, drop = ("--resume", "--weights", "--output"), ("--force",)
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in drop_with_value:
+            skip = True
+        elif word in drop or word.split("=", 1)[0] in drop_with_value:
             continue
-        value = getattr(args, action.dest, None)
-        if value is None or value == action.default:
-            continue
-        flag = action.option_strings[-1]
-        words += [flag] if value is True else [flag, str(value)]
-    words += ["--resume", state]
-    return shlex.join(words)
+        else:
+            words.append(word)
+    return shlex.join(["python", "-m", "minicaffe.train", *words, "--resume", state])
 
 
 def test_cost_in_iterations(solver):
@@ -482,10 +472,9 @@ def test_cost_in_iterations(solver):
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def run(args, parser=None):
+def run(args, argv=None):
     from ..solvers import get_solver, load_solver_param
 
-    parser = parser or build_parser()
     solver_path = resolve_solver(args.solver)
     name = os.path.basename(solver_path).replace("_solver.prototxt", "").replace(".prototxt", "")
     if args.weights and args.resume:
@@ -697,12 +686,13 @@ def run(args, parser=None):
     tests = [t for t in data["test"] if t["net"] == 0]
     if tests:
         final = ", ".join(f"{k} = {v:.4f}" for k, v in tests[-1]["outputs"].items() if isinstance(v, float))
-        log(f"Final test (iteration {tests[-1]['iter']}): {final}")
+        kind = "Last test" if solver.requested_stop else "Final test"
+        log(f"{kind} (iteration {tests[-1]['iter']}): {final}")
     if solver.requested_stop:
         state = last_snapshot(out_dir)
         if state:
             log(f"Stopped at iteration {solver.iter}. To continue this run:")
-            log(f"    {resume_command(args, parser, state)}")
+            log(f"    {resume_command(sys.argv[1:] if argv is None else argv, state)}")
         return 130
     return 0
 
@@ -726,7 +716,7 @@ def main(argv=None):
             return dist.launch_local(sys.argv[1:] if argv is None else list(argv), args)
         if dist.is_node(args) and dist.rank_of(args) != 0:  # node 0 runs the code below, the others:
             return dist.run_secondary(args)
-        return run(args, parser)
+        return run(args, argv)
     except MinicaffeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
