@@ -7,6 +7,10 @@ function name -> version name).  ``use(family, version)`` rebinds the module's p
 another version, so the engine (which looks kernels up at call time) runs it;
 ``MINICAFFE_KERNELS="gemm=v1_naive,im2col=v1_naive"`` does the same at import.
 
+Each family module checks and times itself (``python -m kernels.gemm``: every version against
+the reference, then against this machine's measured ceiling; harness in ``_bench.py``);
+``python -m kernels.bench`` runs every family and writes one generated table and a plot.
+
 This package never imports minicaffe.
 """
 

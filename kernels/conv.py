@@ -17,7 +17,7 @@ Versions:
   v3_im2col_blas  im2col (the default numba kernel) into a (C*kh*kw, N*OH*OW) workspace, one
                   BLAS GEMM W (M, C*kh*kw) @ col, then (M, N, OH*OW) -> (N, M, OH*OW) and the
                   bias.  What the engine's ConvolutionLayer does; the default.
-  v4_im2col_micro the same with the hand-written GEMM (kernels.gemm v4_micro): all numba.
+  v4_im2col_micro the same with the hand-written GEMM (kernels.gemm v3_micro): all numba.
 """
 
 import numpy as np
@@ -124,7 +124,7 @@ def _make_im2col_gemm(gemm_fn, name):
 
 
 conv_fwd_v3_im2col_blas = _make_im2col_gemm(_gemm.gemm_blas, "conv_fwd_v3_im2col_blas")
-conv_fwd_v4_im2col_micro = _make_im2col_gemm(_gemm.VERSIONS["gemm"]["v4_micro"], "conv_fwd_v4_im2col_micro")
+conv_fwd_v4_im2col_micro = _make_im2col_gemm(_gemm.VERSIONS["gemm"]["v3_micro"], "conv_fwd_v4_im2col_micro")
 
 VERSIONS = {
     "conv_fwd": {
@@ -148,3 +148,56 @@ def use(version):
 from . import _apply_env  # noqa: E402
 
 _apply_env("conv")
+
+
+# -- self-check and benchmark: python -m kernels.conv --------------------------------------------
+def bench_cases(quick, sizes=()):
+    """The benchmark's cases (``python -m kernels.conv``, ``python -m kernels.bench``): inputs, a
+    runner per version, a check against the float64 reference, the work done."""
+    from kernels import conv as CV
+
+    from ._bench import F32, Case, close, sum_tol  # noqa: F401
+
+    rng = np.random.default_rng(1)
+    shapes = [("LeNet conv1", (64, 1, 28, 28), (20, 1, 5, 5), 0), ("LeNet conv2", (64, 20, 12, 12), (50, 20, 5, 5), 0)]
+    if not quick:
+        shapes += [("CIFAR conv2", (100, 32, 16, 16), (32, 32, 5, 5), 2)]
+    cases = []
+    for name, xs, ws, p in shapes:
+        x = rng.standard_normal(xs).astype(F32)
+        w = rng.standard_normal(ws).astype(F32)
+        bias = rng.standard_normal(ws[0]).astype(F32)
+        OH = xs[2] + 2 * p - ws[2] + 1
+        y = np.empty((xs[0], ws[0], OH, OH), F32)
+        ref = CV.conv_fwd_reference(x, w, bias, p, p, 1, 1, 1, 1)
+        mag = CV.conv_fwd_reference(np.abs(x), np.abs(w), np.abs(bias), p, p, 1, 1, 1, 1)
+        K = ws[1] * ws[2] * ws[3]
+
+        def run(fn, x=x, w=w, bias=bias, y=y, p=p):
+            return lambda: fn(x, w, bias, p, p, 1, 1, 1, 1, y)
+
+        def check(fn, y=y, ref=ref, mag=mag, K=K):
+            close(y, ref, sum_tol(K, mag), "conv_fwd")
+
+        flops = 2.0 * y.size * K
+        cases.append(
+            Case(
+                "conv",
+                "conv_fwd",
+                f"{name} x{xs} w{ws}",
+                "compute",
+                flops,
+                4.0 * (x.size + w.size + y.size),
+                run,
+                check,
+            )
+        )
+    return cases
+
+
+if __name__ == "__main__":
+    import sys
+
+    from kernels._bench import family_main
+
+    sys.exit(family_main("conv"))

@@ -264,3 +264,77 @@ def use(version):
 from . import _apply_env  # noqa: E402
 
 _apply_env("elementwise")
+
+
+# -- self-check and benchmark: python -m kernels.elementwise --------------------------------------------
+def bench_cases(quick, sizes=()):
+    """The benchmark's cases (``python -m kernels.elementwise``, ``python -m kernels.bench``): inputs, a
+    runner per version, a check against the float64 reference, the work done."""
+    from kernels import elementwise as EW
+
+    from ._bench import F32, Case, close, sum_tol  # noqa: F401
+
+    rng = np.random.default_rng(5)
+    sizes = [("LeNet ip1 top", 64 * 500), ("CIFAR conv1 top", 100 * 32 * 32 * 32), ("16 M", 1 << 24)]
+    if quick:
+        sizes = sizes[:2]
+    eps = float(np.finfo(F32).eps)
+    cases = []
+    for name, n in sizes:
+        x = (rng.standard_normal(n) * 3).astype(F32)
+        dy = rng.standard_normal(n).astype(F32)
+        y = np.empty_like(x)
+        ys = EW.sigmoid_fwd_reference(x).astype(F32)
+        yt = EW.tanh_fwd_reference(x).astype(F32)
+        ax, ad = np.abs(x.astype(np.float64)), np.abs(dy.astype(np.float64))
+        mags = dict(
+            relu_fwd=ax,
+            relu_bwd=ad,
+            sigmoid_fwd=np.abs(ys.astype(np.float64)),
+            sigmoid_bwd=ad * np.abs(ys) * (1 + np.abs(ys)),
+            tanh_fwd=np.abs(yt.astype(np.float64)),
+            tanh_bwd=ad * (1 + yt * yt),
+        )
+        specs = [
+            ("relu_fwd", (x, 0.0), EW.relu_fwd_reference(x, 0.0), 8.0 * n, lambda x=x, y=y: np.maximum(x, 0, out=y)),
+            (
+                "relu_bwd",
+                (x, dy, 0.0),
+                EW.relu_bwd_reference(x, dy, 0.0),
+                12.0 * n,
+                lambda x=x, dy=dy, y=y: np.multiply(dy, x > 0, out=y),
+            ),
+            (
+                "sigmoid_fwd",
+                (x,),
+                EW.sigmoid_fwd_reference(x),
+                8.0 * n,
+                lambda x=x, y=y: (
+                    np.negative(x, out=y),
+                    np.exp(y, out=y),
+                    np.add(y, 1, out=y),
+                    np.reciprocal(y, out=y),
+                ),
+            ),
+            ("sigmoid_bwd", (ys, dy), EW.sigmoid_bwd_reference(ys, dy), 12.0 * n, None),
+            ("tanh_fwd", (x,), EW.tanh_fwd_reference(x), 8.0 * n, lambda x=x, y=y: np.tanh(x, out=y)),
+            ("tanh_bwd", (yt, dy), EW.tanh_bwd_reference(yt, dy), 12.0 * n, None),
+        ]
+        for fn_name, args, ref, nbytes, base in specs:
+
+            def run(fn, args=args, y=y):
+                return lambda: fn(*args, y)
+
+            def check(fn, y=y, ref=ref, what=fn_name, mag=mags[fn_name]):
+                close(y, ref, 8 * eps * mag + 2e-38, what)
+
+            cases.append(Case("elementwise", fn_name, f"{name} n={n}", "memory", 0, nbytes, run, check, baseline=base))
+    return cases
+
+
+if __name__ == "__main__":
+    import sys
+
+    from kernels._bench import family_main
+
+    sys.exit(family_main("elementwise"))

@@ -16,16 +16,18 @@ Versions:
   v2_reordered   for i, p, j: the inner loop is c[i, :] += a[i, p] * b[p, :], unit stride on
                  b and c, so LLVM vectorizes it (AVX2 FMA).  Still one load and one store of c
                  per FMA, and all of b streams through the cache once per row of a.
-  v3_blocked     BLIS-style blocking (NC columns of B, KC deep, MC rows of A) with both
-                 operands packed unit-stride along k (transposes absorbed by the packing), one
-                 vectorized dot product per element of C: speed no longer falls with size, but
-                 each FMA still needs two loads.
-  v4_micro       v3 around a 4x3 register-blocked micro-kernel in dot-product form: 12 scalar
-                 accumulators that LLVM turns into 12 ymm registers, 7 vector loads per 12 FMAs
-                 (the benchmark prints the loop's assembly).  An untransposed B with a short K
-                 or few rows of A (im2col's col) goes to a k-unrolled AXPY kernel instead,
-                 which needs no transposed packing and no horizontal sums.  ~2/3 of OpenBLAS.
-  v5_prange      v4 with the columns of C split across cores in one parallel region (opt-in:
+  v3_micro       the BLIS loop nest (NC columns of B, KC deep, MC rows of A), both operands
+                 packed unit-stride along k (transposes absorbed by the packing), around a 4x3
+                 register-blocked micro-kernel in dot-product form: 12 scalar accumulators that
+                 LLVM turns into 12 ymm registers, 7 vector loads per 12 FMAs (``python -m
+                 kernels.gemm --asm`` prints the loop).  The story in between, folded in here:
+                 blocking and packing alone (one vectorized dot product per element of C) stop
+                 the fall of speed with size, but each FMA still needs two loads, and that
+                 version ran at about half of this one; the register tile is what turns a
+                 blocked GEMM into a fast one.  An untransposed B with a short K or few rows of
+                 A (im2col's col) goes to a k-unrolled AXPY kernel instead, which needs no
+                 transposed packing and no horizontal sums.  ~2/3 of OpenBLAS on one core.
+  v4_prange      v3 with the columns of C split across cores in one parallel region (opt-in:
                  numba's workqueue threading layer cannot run two parallel regions at once).
 See docs/KERNELS.md for the story and the numbers.
 """
@@ -181,7 +183,7 @@ def _gemm_v2_reordered(alpha, a, ta, b, tb, beta, C):
                     ci[j] += x * bp[j]
 
 
-# -- shared by v3..v5: blocking and packing ----------------------------------------------------
+# -- shared by v3, v4: blocking and packing ----------------------------------------------------
 # Block sizes (float32 figures; a Zen 3 core has 32 KB L1d, 512 KB L2, a shared 32 MB L3):
 #   KC: the depth of one pass; a packed strip of KC float32 values is 2 KB, and the MR + NR
 #       strips the micro-kernel reads (14 KB) sit in L1 while it runs.  Deep enough that the
@@ -228,44 +230,15 @@ def _pack_rows(X, tx, r0, nr, c0, nc, pad, ncp, out):
     out[nr * ncp : rows * ncp] = 0
 
 
-# -- v3: blocked + packed, one dot product per element of C ------------------------------------
-@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
-def _gemm_v3_blocked(alpha, a, ta, b, tb, beta, C):
-    """v2's arithmetic on packed, cache-sized blocks: each C element is one contiguous dot
-    product of a packed A row and a packed B column (vectorized along k thanks to
-    fastmath's reassociation), both read from L1/L2 instead of memory.  Two loads per FMA:
-    about half of the core's FMA rate at best."""
-    M, N, K = _dims(a, ta, b, tb)
-    _scale_rows(beta, C)
-    Ap = np.empty(MC * KC, C.dtype)
-    Bp = np.empty(NC * KC, C.dtype)
-    for jc in range(0, N, NC):
-        nc = min(NC, N - jc)
-        for pc in range(0, K, KC):
-            kc = min(KC, K - pc)
-            _pack_rows(b, not tb, jc, nc, pc, kc, 1, kc, Bp)
-            for ic in range(0, M, MC):
-                mc = min(MC, M - ic)
-                _pack_rows(a, ta, ic, mc, pc, kc, 1, kc, Ap)
-                for i in range(mc):
-                    ar = Ap[i * kc : (i + 1) * kc]
-                    ci = C[ic + i]
-                    for j in range(nc):
-                        br = Bp[j * kc : (j + 1) * kc]
-                        acc = C.dtype.type(0)
-                        for p in range(kc):
-                            acc += ar[p] * br[p]
-                        ci[jc + j] += alpha * acc
-
-
-# -- v4: register-blocked micro-kernel -----------------------------------------------------------
+# -- v3: blocked, packed, register-blocked micro-kernel -----------------------------------------
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"}, inline="always")
 def _micro_4x3(kc, Ap, ao, Bp, bo, C, i0, j0, m, n, alpha):
     """C[i0:i0+m, j0:j0+n] += alpha * (4 packed A rows) . (3 packed B columns), m <= 4, n <= 3.
 
     Twelve scalar accumulators; with reassociation allowed LLVM vectorizes the p loop into
     twelve 8-wide (float32) accumulator registers: per 8 values of k, 7 vector loads feed
-    12 FMAs, so the loads no longer limit the FMA units (v3: 2 loads per FMA).  The slices
+    12 FMAs, so the loads no longer limit the FMA units (one dot product per element of C:
+    2 loads per FMA).  The slices
     make every index provably >= 0, which removes numba's negative-index fix-up from the loop
     (without them LLVM gathers element by element instead of loading vectors)."""
     a0 = Ap[ao : ao + kc]
@@ -344,8 +317,8 @@ def _macro(alpha, Ap, mc, Bp, nc, kc, C, ic, jc, jr_lo, jr_hi):
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
-def _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, j_hi):
-    """v4's loop nest on the columns [j_lo, j_hi) of B and C, with its own packing buffers."""
+def _gemm_micro_cols(alpha, a, ta, b, tb, C, j_lo, j_hi):
+    """v3's loop nest on the columns [j_lo, j_hi) of B and C, with its own packing buffers."""
     M, N, K = _dims(a, ta, b, tb)
     Ap = np.empty((MC + MR) * KC, C.dtype)
     Bp = np.empty((NC + NR) * KC, C.dtype)
@@ -440,7 +413,7 @@ def _gemm_axpy(alpha, a, ta, b, C, j_lo, j_hi):
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
-def _gemm_v4_micro(alpha, a, ta, b, tb, beta, C):
+def _gemm_v3_micro(alpha, a, ta, b, tb, beta, C):
     """The BLIS loop nest (jc, pc: pack B; ic: pack A; jr, ir: micro-kernel) around the
     4x3 register-blocked micro-kernel -- or, for an untransposed B with a short K or few rows
     (im2col's col: LeNet's and CIFAR's convolutions), the AXPY kernel."""
@@ -450,13 +423,13 @@ def _gemm_v4_micro(alpha, a, ta, b, tb, beta, C):
     if not tb and (K <= KSHORT or M <= MSMALL):
         _gemm_axpy(alpha, a, ta, b, C, j_lo, N)
     else:
-        _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, N)
+        _gemm_micro_cols(alpha, a, ta, b, tb, C, j_lo, N)
 
 
-# -- v5: v4 across cores ----------------------------------------------------------------------
+# -- v4: v3 across cores ----------------------------------------------------------------------
 @njit(nogil=True, cache=True, parallel=True, fastmath={"reassoc", "contract", "nsz"})
-def _gemm_v5_prange_T(alpha, a, ta, b, tb, beta, C, T):
-    """v4 with the columns of C split into one contiguous range per thread, in a single
+def _gemm_v4_prange_T(alpha, a, ta, b, tb, beta, C, T):
+    """v3 with the columns of C split into one contiguous range per thread, in a single
     parallel region (each thread packs its own B columns and its own copy of A: the copies
     are O(M*K) per thread against O(M*N*K/threads) flops).  Opt-in: numba's workqueue
     threading layer cannot run two parallel regions at once."""
@@ -470,12 +443,12 @@ def _gemm_v5_prange_T(alpha, a, ta, b, tb, beta, C, T):
             if not tb and (K <= KSHORT or M <= MSMALL):
                 _gemm_axpy(alpha, a, ta, b, C, j_lo, j_hi)
             else:
-                _gemm_v4_cols(alpha, a, ta, b, tb, C, j_lo, j_hi)
+                _gemm_micro_cols(alpha, a, ta, b, tb, C, j_lo, j_hi)
 
 
-def _gemm_v5_prange(alpha, a, ta, b, tb, beta, C):
+def _gemm_v4_prange(alpha, a, ta, b, tb, beta, C):
     # the thread count is read here: inside the kernel it would stop numba caching it
-    _gemm_v5_prange_T(alpha, a, ta, b, tb, beta, C, get_num_threads())
+    _gemm_v4_prange_T(alpha, a, ta, b, tb, beta, C, get_num_threads())
 
 
 VERSIONS = {
@@ -483,9 +456,8 @@ VERSIONS = {
         "blas": gemm_blas,
         "v1_naive": _numba_gemm(_gemm_v1_naive),
         "v2_reordered": _numba_gemm(_gemm_v2_reordered),
-        "v3_blocked": _numba_gemm(_gemm_v3_blocked),
-        "v4_micro": _numba_gemm(_gemm_v4_micro),
-        "v5_prange": _numba_gemm(_gemm_v5_prange),
+        "v3_micro": _numba_gemm(_gemm_v3_micro),
+        "v4_prange": _numba_gemm(_gemm_v4_prange),
     },
 }
 DEFAULTS = {"gemm": "blas"}
@@ -502,3 +474,74 @@ def use(version):
 from . import _apply_env  # noqa: E402
 
 _apply_env("gemm")
+
+
+# -- self-check and benchmark: python -m kernels.gemm --------------------------------------------
+def bench_cases(quick, sizes=()):
+    """The benchmark's cases (``python -m kernels.gemm``, ``python -m kernels.bench``): inputs, a
+    runner per version, a check against the float64 reference, the work done."""
+    from kernels import gemm as G
+
+    from ._bench import F32, Case, close, sum_tol  # noqa: F401
+
+    rng = np.random.default_rng(0)
+    sizes = sizes or ([128, 512] if quick else [128, 256, 512, 1024, 2048])
+    shapes = [(f"square {n}", n, n, n, False, False) for n in sizes]
+    shapes += [
+        ("LeNet conv1 fwd  W@col", 20, 36864, 25, False, False),
+        ("LeNet conv2 fwd  W@col", 50, 4096, 500, False, False),
+        ("LeNet conv2 dW   dY@col^T", 50, 500, 4096, False, True),
+        ("LeNet conv2 dcol W^T@dY", 500, 4096, 50, True, False),
+        ("LeNet ip1 fwd    X@W^T", 64, 500, 800, False, True),
+        ("LeNet ip2 fwd    X@W^T", 64, 10, 500, False, True),
+        ("LeNet ip1 dW     dY^T@X", 500, 800, 64, True, False),
+    ]
+    if not quick:
+        shapes += [
+            ("CIFAR conv1 fwd  W@col", 32, 102400, 75, False, False),
+            ("CIFAR conv2 fwd  W@col", 32, 25600, 800, False, False),
+            ("CIFAR conv3 fwd  W@col", 64, 6400, 800, False, False),
+            ("CIFAR ip1 fwd    X@W^T", 100, 64, 1024, False, True),
+        ]
+    cases = []
+    for name, M, N, K, ta, tb in shapes:
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(F32)
+        b = rng.standard_normal((N, K) if tb else (K, N)).astype(F32)
+        c = np.empty((M, N), F32)
+        # the reference for big squares costs seconds: check them on a corner block instead
+        ref = G.gemm_reference(ta, tb, 1.0, a, b, 0.0, None) if M * N * K <= 3e8 else None
+
+        def run(fn, a=a, b=b, c=c, ta=ta, tb=tb):
+            return lambda: fn(ta, tb, 1.0, a, b, 0.0, c)
+
+        def check(fn, a=a, b=b, c=c, ta=ta, tb=tb, ref=ref, K=K):
+            if ref is None:
+                A = a.T if ta else a
+                B = b.T if tb else b
+                r = A[:64].astype(np.float64) @ B[:, :64].astype(np.float64)
+                close(c[:64, :64], r, sum_tol(K, np.abs(A[:64]) @ np.abs(B[:, :64])), "gemm")
+            else:
+                close(c, ref, sum_tol(K, G.gemm_reference(ta, tb, 1.0, np.abs(a), np.abs(b), 0.0, None)), "gemm")
+
+        cases.append(
+            Case(
+                "gemm",
+                "gemm",
+                f"{name} ({M}x{N}x{K})",
+                "compute",
+                2.0 * M * N * K,
+                4.0 * (M * K + K * N + M * N),
+                run,
+                check,
+                baseline=run(G.gemm_blas),
+            )
+        )
+    return cases
+
+
+if __name__ == "__main__":
+    import sys
+
+    from kernels._bench import family_main
+
+    sys.exit(family_main("gemm"))

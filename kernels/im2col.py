@@ -385,3 +385,65 @@ def use(version):
 from . import _apply_env  # noqa: E402
 
 _apply_env("im2col")
+
+
+# -- self-check and benchmark: python -m kernels.im2col --------------------------------------------
+def bench_cases(quick, sizes=()):
+    """The benchmark's cases (``python -m kernels.im2col``, ``python -m kernels.bench``): inputs, a
+    runner per version, a check against the float64 reference, the work done."""
+    from kernels import im2col as IM
+
+    from ._bench import F32, Case, close, sum_tol  # noqa: F401
+
+    rng = np.random.default_rng(2)
+    shapes = [
+        ("LeNet conv1", (64, 1, 28, 28), 5, 0),
+        ("LeNet conv2", (64, 20, 12, 12), 5, 0),
+        ("CIFAR conv1", (100, 3, 32, 32), 5, 2),
+        ("CIFAR conv2", (100, 32, 16, 16), 5, 2),
+    ]
+    if quick:
+        shapes = shapes[:2] + shapes[3:]
+    cases = []
+    for name, xs, k, p in shapes:
+        x = rng.standard_normal(xs).astype(F32)
+        ref = IM.im2col_reference(x, k, k, p, p, 1, 1, 1, 1)
+        col = np.empty(ref.shape, F32)
+        back = np.empty(xs, F32)
+        ref_back = IM.col2im_reference(ref, k, k, p, p, 1, 1, 1, 1, xs)
+        mag_back = IM.col2im_reference(np.abs(ref), k, k, p, p, 1, 1, 1, 1, xs)
+        nbytes = 4.0 * (x.size + col.size)
+
+        def run_f(fn, x=x, col=col, k=k, p=p):
+            return lambda: fn(x, k, k, p, p, 1, 1, 1, 1, col)
+
+        def run_b(fn, col=col, back=back, k=k, p=p, ref=ref):
+            col[...] = ref
+            return lambda: fn(col, k, k, p, p, 1, 1, 1, 1, back)
+
+        def check_f(fn, col=col, ref=ref):
+            close(col, ref, 0.0, "im2col")
+
+        def check_b(fn, back=back, ref_back=ref_back, mag=mag_back, k=k):
+            close(back, ref_back, sum_tol(k * k, mag), "col2im")
+
+        def base_f(x=x, k=k, p=p, col=col):
+            # numpy: pad, a strided window view, one copy into col's layout
+            N, C, H, W = x.shape
+            xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+            v = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))
+            col.reshape(C, k, k, N, -1)[...] = v.transpose(1, 4, 5, 0, 2, 3).reshape(C, k, k, N, -1)
+
+        cases.append(
+            Case("im2col", "im2col", f"{name} x{xs} k{k} p{p}", "memory", 0, nbytes, run_f, check_f, baseline=base_f)
+        )
+        cases.append(Case("im2col", "col2im", f"{name} x{xs} k{k} p{p}", "memory", 0, nbytes, run_b, check_b))
+    return cases
+
+
+if __name__ == "__main__":
+    import sys
+
+    from kernels._bench import family_main
+
+    sys.exit(family_main("im2col"))

@@ -505,3 +505,91 @@ def use(version):
 from . import _apply_env  # noqa: E402
 
 _apply_env("pooling")
+
+
+# -- self-check and benchmark: python -m kernels.pooling --------------------------------------------
+def bench_cases(quick, sizes=()):
+    """The benchmark's cases (``python -m kernels.pooling``, ``python -m kernels.bench``): inputs, a
+    runner per version, a check against the float64 reference, the work done."""
+    from kernels import pooling as PO
+
+    from ._bench import F32, Case, close, sum_tol  # noqa: F401
+
+    rng = np.random.default_rng(3)
+    shapes = [
+        ("LeNet pool1 MAX", (64, 20, 24, 24), 2, 2, "max"),
+        ("LeNet pool2 MAX", (64, 50, 8, 8), 2, 2, "max"),
+        ("CIFAR pool1 MAX", (100, 32, 32, 32), 3, 2, "max"),
+        ("CIFAR pool2 AVE", (100, 32, 16, 16), 3, 2, "ave"),
+    ]
+    if quick:
+        shapes = [shapes[0], shapes[2], shapes[3]]
+    cases = []
+    for name, xs, k, s, kind in shapes:
+        x = rng.standard_normal(xs).astype(F32)
+        P = -(-(xs[2] - k) // s) + 1
+        ys = xs[:2] + (P, P)
+        y = np.empty(ys, F32)
+        mask = np.empty(ys, np.int32)
+        dy = rng.standard_normal(ys).astype(F32)
+        dx = np.empty(xs, F32)
+        if kind == "max":
+            y_ref, m_ref = PO.max_pool_fwd_reference(x, k, k, s, s, 0, 0, P, P)
+            dx_ref = PO.max_pool_bwd_reference(dy, m_ref, xs)
+
+            def run_f(fn, x=x, y=y, mask=mask, k=k, s=s):
+                return lambda: fn(x, k, k, s, s, 0, 0, y, mask)
+
+            def run_b(fn, dy=dy, m=m_ref, dx=dx, k=k, s=s):
+                return lambda: fn(dy, m, k, k, s, s, 0, 0, dx)
+
+            def check_f(fn, y=y, mask=mask, y_ref=y_ref, m_ref=m_ref):
+                close(y, y_ref, 0.0, "max_pool_fwd")
+                close(mask, m_ref, 0.0, "max_pool_fwd mask")
+
+            def check_b(fn, dx=dx, dx_ref=dx_ref, k=k, dy=dy, m=m_ref):
+                close(dx, dx_ref, sum_tol(k * k, PO.max_pool_bwd_reference(np.abs(dy), m, dx.shape)), "max_pool_bwd")
+
+            fwd_bytes = 4.0 * (x.size + 2 * y.size)
+            bwd_bytes = 4.0 * (2 * dy.size + dx.size)
+            fns = ("max_pool_fwd", "max_pool_bwd")
+        else:
+            y_ref = PO.ave_pool_fwd_reference(x, k, k, s, s, 0, 0, P, P)
+            dx_ref = PO.ave_pool_bwd_reference(dy, k, k, s, s, 0, 0, xs)
+
+            def run_f(fn, x=x, y=y, k=k, s=s):
+                return lambda: fn(x, k, k, s, s, 0, 0, y)
+
+            def run_b(fn, dy=dy, dx=dx, k=k, s=s):
+                return lambda: fn(dy, k, k, s, s, 0, 0, dx)
+
+            def check_f(fn, y=y, y_ref=y_ref, k=k, x=x, P=P, s=s):
+                close(
+                    y,
+                    y_ref,
+                    sum_tol(k * k, PO.ave_pool_fwd_reference(np.abs(x), k, k, s, s, 0, 0, P, P)),
+                    "ave_pool_fwd",
+                )
+
+            def check_b(fn, dx=dx, dx_ref=dx_ref, k=k, dy=dy, s=s):
+                close(
+                    dx,
+                    dx_ref,
+                    sum_tol(k * k, PO.ave_pool_bwd_reference(np.abs(dy), k, k, s, s, 0, 0, dx.shape)),
+                    "ave_pool_bwd",
+                )
+
+            fwd_bytes = 4.0 * (x.size + y.size)
+            bwd_bytes = 4.0 * (dy.size + dx.size)
+            fns = ("ave_pool_fwd", "ave_pool_bwd")
+        cases.append(Case("pooling", fns[0], f"{name} x{xs} k{k}s{s}", "memory", 0, fwd_bytes, run_f, check_f))
+        cases.append(Case("pooling", fns[1], f"{name} x{xs} k{k}s{s}", "memory", 0, bwd_bytes, run_b, check_b))
+    return cases
+
+
+if __name__ == "__main__":
+    import sys
+
+    from kernels._bench import family_main
+
+    sys.exit(family_main("pooling"))

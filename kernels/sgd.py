@@ -110,3 +110,47 @@ def use(version):
 from . import _apply_env  # noqa: E402
 
 _apply_env("sgd")
+
+
+# -- self-check and benchmark: python -m kernels.sgd --------------------------------------------
+def bench_cases(quick, sizes=()):
+    """The benchmark's cases (``python -m kernels.sgd``, ``python -m kernels.bench``): inputs, a
+    runner per version, a check against the float64 reference, the work done."""
+    from kernels import sgd as SG
+
+    from ._bench import F32, Case, close, sum_tol  # noqa: F401
+
+    rng = np.random.default_rng(6)
+    sizes = [("LeNet all params", 431080), ("16 M", 1 << 24)][: 1 if quick else 2]
+    cases = []
+    for name, n in sizes:
+        w0, g, h0 = (rng.standard_normal(n).astype(F32) for _ in range(3))
+        w, h = w0.copy(), h0.copy()
+        w_ref, h_ref = SG.sgd_step_reference(w0, g, h0, 0.9, 0.01, 5e-4)
+
+        def run(fn, w=w, g=g, h=h, w0=w0, h0=h0):
+            return lambda: fn(w, g, h, 0.9, 0.01, 5e-4)
+
+        def check(fn, w=w, h=h, w0=w0, h0=h0, g=g, w_ref=w_ref, h_ref=h_ref):
+            # one step from the initial state (the warm-up calls kept updating w and h)
+            w[...], h[...] = w0, h0
+            fn(w, g, h, 0.9, 0.01, 5e-4)
+            eps = float(np.finfo(F32).eps)
+            close(h, h_ref, 8 * eps * (np.abs(h_ref) + np.abs(w0) + np.abs(g)), "sgd h")
+            close(w, w_ref, 8 * eps * (np.abs(w0) + np.abs(h0) + np.abs(g)), "sgd w")
+
+        def base(w=w, g=g, h=h):
+            h *= 0.9
+            h += 0.01 * (g + 5e-4 * w)
+            w -= h
+
+        cases.append(Case("sgd", "sgd_step", f"{name} n={n}", "memory", 0, 20.0 * n, run, check, baseline=base))
+    return cases
+
+
+if __name__ == "__main__":
+    import sys
+
+    from kernels._bench import family_main
+
+    sys.exit(family_main("sgd"))

@@ -427,3 +427,111 @@ def use(version):
 from . import _apply_env  # noqa: E402
 
 _apply_env("softmax")
+
+
+# -- self-check and benchmark: python -m kernels.softmax --------------------------------------------
+def bench_cases(quick, sizes=()):
+    """The benchmark's cases (``python -m kernels.softmax``, ``python -m kernels.bench``): inputs, a
+    runner per version, a check against the float64 reference, the work done."""
+    from kernels import softmax as SM
+
+    from ._bench import F32, Case, close, sum_tol  # noqa: F401
+
+    rng = np.random.default_rng(4)
+    shapes = [
+        ("LeNet loss (64, 10, 1)", (64, 10, 1)),
+        ("(256, 1000, 1)", (256, 1000, 1)),
+        ("spatial (4, 21, 4096)", (4, 21, 4096)),
+    ]
+    if quick:
+        shapes = shapes[:2]
+    cases = []
+    for name, shp in shapes:
+        x = (rng.standard_normal(shp) * 3).astype(F32)
+        y = np.empty_like(x)
+        dy = rng.standard_normal(shp).astype(F32)
+        dx = np.empty_like(x)
+        y_ref = SM.softmax_fwd_reference(x)
+        yv = y_ref.astype(F32)
+        dx_ref = SM.softmax_bwd_reference(yv, dy)
+        eps = float(np.finfo(F32).eps)
+
+        def run_f(fn, x=x, y=y):
+            return lambda: fn(x, y)
+
+        def run_b(fn, yv=yv, dy=dy, dx=dx):
+            return lambda: fn(yv, dy, dx)
+
+        def check_f(fn, y=y, y_ref=y_ref, C=shp[1], x=x):
+            close(y, y_ref, (C + 30 + np.ptp(x)) * eps * y_ref + 1e-37, "softmax_fwd")
+
+        def check_b(fn, dx=dx, dx_ref=dx_ref, yv=yv, dy=dy, C=shp[1]):
+            mag = np.abs(yv) * (np.abs(dy) + np.abs(dy * yv).sum(1, keepdims=True))
+            close(dx, dx_ref, sum_tol(C, mag), "softmax_bwd")
+
+        def base_f(x=x, y=y):
+            np.subtract(x, x.max(axis=1, keepdims=True), out=y)
+            np.exp(y, out=y)
+            y /= y.sum(axis=1, keepdims=True)
+
+        def base_b(yv=yv, dy=dy, dx=dx):
+            np.multiply(dy, yv, out=dx)
+            s = dx.sum(axis=1, keepdims=True)
+            np.subtract(dy, s, out=dx)
+            dx *= yv
+
+        cases.append(Case("softmax", "softmax_fwd", name, "memory", 0, 8.0 * x.size, run_f, check_f, baseline=base_f))
+        cases.append(Case("softmax", "softmax_bwd", name, "memory", 0, 12.0 * x.size, run_b, check_b, baseline=base_b))
+    # the loss, on LeNet's shape
+    prob = SM.softmax_fwd_reference(rng.standard_normal((64, 10, 1))).astype(F32)
+    label = rng.integers(0, 10, (64, 1)).astype(F32)
+    loss_ref = SM.softmax_loss_fwd_reference(prob, label, -1, False)
+    g_ref = SM.softmax_loss_bwd_reference(prob, label, -1, False, 1 / 64)
+    g = np.empty_like(prob)
+
+    def run_lf(fn):
+        return lambda: fn(prob, label, -1, False)
+
+    def check_lf(fn):
+        got = fn(prob, label, -1, False)
+        assert got[1] == loss_ref[1] and abs(got[0] - loss_ref[0]) <= 1e-9 * abs(loss_ref[0])
+
+    def run_lb(fn):
+        return lambda: fn(prob, label, -1, False, 1 / 64, g)
+
+    def check_lb(fn):
+        close(g, g_ref, 3 * float(np.finfo(F32).eps) * (np.abs(g_ref) + 1 / 64), "softmax_loss_bwd")
+
+    cases.append(
+        Case(
+            "softmax",
+            "softmax_loss_fwd",
+            "LeNet (64, 10, 1)",
+            "memory",
+            0,
+            4.0 * (prob.size + label.size),
+            run_lf,
+            check_lf,
+        )
+    )
+    cases.append(
+        Case(
+            "softmax",
+            "softmax_loss_bwd",
+            "LeNet (64, 10, 1)",
+            "memory",
+            0,
+            4.0 * (2 * prob.size + label.size),
+            run_lb,
+            check_lb,
+        )
+    )
+    return cases
+
+
+if __name__ == "__main__":
+    import sys
+
+    from kernels._bench import family_main
+
+    sys.exit(family_main("softmax"))

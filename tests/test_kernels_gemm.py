@@ -63,7 +63,7 @@ def test_every_version(M, N, Kd, trans_a, trans_b, ab, seed):
 )
 def test_engine_shapes(shape):
     """Engine-like shapes, big enough to cross every blocking boundary of the ladder and to
-    take both of v4's kernels (dot-product for a transposed B or many rows of A, AXPY for an
+    take both of v3_micro's kernels (dot-product for a transposed B or many rows of A, AXPY for an
     untransposed B with short K or few rows)."""
     M, N, Kd, tb = shape
     rng = np.random.default_rng(11)

@@ -225,3 +225,11 @@ tanh_bwd = VERSIONS["tanh_bwd"][DEFAULTS["tanh_bwd"]]
 def use(version):
     """Bind the six elementwise kernels to ``version`` (or "default")."""
     _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
+
+
+if __name__ == "__main__":  # python -m kernels.cuda.elementwise: check, then time, on a GPU (kernels/cuda/bench.py)
+    import sys
+
+    from kernels.cuda.bench import main
+
+    sys.exit(main(["--family", "elementwise"] + sys.argv[1:]))

@@ -225,3 +225,11 @@ gemm = VERSIONS["gemm"][DEFAULTS["gemm"]]
 def use(version):
     """Bind gemm to ``version`` (a key of VERSIONS["gemm"], or "default")."""
     _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
+
+
+if __name__ == "__main__":  # python -m kernels.cuda.gemm: check, then time, on a GPU (kernels/cuda/bench.py)
+    import sys
+
+    from kernels.cuda.bench import main
+
+    sys.exit(main(["--family", "gemm"] + sys.argv[1:]))

@@ -183,3 +183,11 @@ col2im = VERSIONS["col2im"][DEFAULTS["col2im"]]
 def use(version):
     """Bind im2col and col2im to ``version`` (or "default")."""
     _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
+
+
+if __name__ == "__main__":  # python -m kernels.cuda.im2col: check, then time, on a GPU (kernels/cuda/bench.py)
+    import sys
+
+    from kernels.cuda.bench import main
+
+    sys.exit(main(["--family", "im2col"] + sys.argv[1:]))

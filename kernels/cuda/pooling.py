@@ -242,3 +242,11 @@ ave_pool_bwd = VERSIONS["ave_pool_bwd"][DEFAULTS["ave_pool_bwd"]]
 def use(version):
     """Bind the pooling kernels that have ``version`` to it (or "default")."""
     _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
+
+
+if __name__ == "__main__":  # python -m kernels.cuda.pooling: check, then time, on a GPU (kernels/cuda/bench.py)
+    import sys
+
+    from kernels.cuda.bench import main
+
+    sys.exit(main(["--family", "pooling"] + sys.argv[1:]))

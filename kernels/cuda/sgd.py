@@ -69,3 +69,11 @@ sgd_step = VERSIONS["sgd_step"][DEFAULTS["sgd_step"]]
 def use(version):
     """Bind sgd_step to ``version`` (or "default")."""
     _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
+
+
+if __name__ == "__main__":  # python -m kernels.cuda.sgd: check, then time, on a GPU (kernels/cuda/bench.py)
+    import sys
+
+    from kernels.cuda.bench import main
+
+    sys.exit(main(["--family", "sgd"] + sys.argv[1:]))

@@ -417,3 +417,11 @@ softmax_xent_fwd = VERSIONS["softmax_xent_fwd"][DEFAULTS["softmax_xent_fwd"]]
 def use(version):
     """Bind every softmax kernel that has ``version`` to it (or "default")."""
     _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
+
+
+if __name__ == "__main__":  # python -m kernels.cuda.softmax: check, then time, on a GPU (kernels/cuda/bench.py)
+    import sys
+
+    from kernels.cuda.bench import main
+
+    sys.exit(main(["--family", "softmax"] + sys.argv[1:]))
