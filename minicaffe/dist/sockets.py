@@ -184,7 +184,10 @@ class SocketTransport(Transport):
         if rank == 0:
             self.lsock = listen(self.rdv_host, self.rdv_port, "listen on the rendezvous address")
         else:
-            host, port = listen_address if listen_address else (self.rdv_host, 0)
+            # any interface by default: the address the others use is the one this node reaches
+            # node 0 from (see _join); loopback runs stay on loopback
+            default = "127.0.0.1" if self.rdv_host.startswith("127.") or self.rdv_host == "localhost" else "0.0.0.0"
+            host, port = listen_address if listen_address else (default, 0)
             self.lsock = listen(host, port)
         self.address = self.lsock.getsockname()[:2]
         log(f"node {rank}/{world}: listening on {self.address[0]}:{self.address[1]}")
@@ -285,7 +288,10 @@ class SocketTransport(Transport):
         try:
             sock.settimeout(max(self.handshake_timeout, 30.0))
             client_auth(conn, self.secret, peer)
-            me = {"rank": self.rank, "world": self.world, "config": self.config, "address": list(self.address)}
+            host = self.address[0]
+            if host in ("0.0.0.0", ""):  # advertise the interface that reaches the others
+                host = sock.getsockname()[0]
+            me = {"rank": self.rank, "world": self.world, "config": self.config, "address": [host, self.address[1]]}
             conn.send_control(F.JOIN, json.dumps(me).encode())
         except (F.FrameError, OSError) as exc:
             conn.close()
