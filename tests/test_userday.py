@@ -459,7 +459,13 @@ def test_readme_flag_table_is_valid_markdown_and_complete():
         assert len(cells) == 2, row
     documented = set(re.findall(r"--[a-z][a-z-]*", "\n".join(rows)))
     flags = set(re.findall(r"--[a-z][a-z-]*", train.build_parser().format_usage()))
-    dist_flags = {"--listen", "--secret-file", "--dist", "--link", "--link-delay", "--peer-timeout"}
+    import argparse
+
+    from minicaffe.dist import launch
+
+    dist_parser = argparse.ArgumentParser()
+    launch.add_arguments(dist_parser)  # the distributed flags: the table names the main ones, --help the rest
+    dist_flags = set(re.findall(r"--[a-z][a-z-]*", dist_parser.format_usage()))
     assert flags - dist_flags - {"--help"} <= documented, flags - documented
     assert 'pip install -e ".[test]" --config-settings editable_mode=compat' in text
 
