@@ -22,7 +22,7 @@ from _course import QUICK, ROOT, cleanup, scratch, show
 
 import minicaffe as caffe
 from minicaffe import data, proto
-from minicaffe.solvers import lr_policy
+from minicaffe.solvers import load_solver_param, lr_policy
 
 caffe.set_random_seed(0)
 SOLVER = os.path.join(ROOT, "nets", "lenet_solver.prototxt")
@@ -86,7 +86,7 @@ work = scratch("lesson7")
 
 
 def make_solver(rule="SGD", overrides=""):
-    param, base = caffe.solvers.load_solver_param(SOLVER)
+    param, base = load_solver_param(SOLVER)
     if QUICK:  # the net inline, with a smaller training batch
         net = proto.parse_file(os.path.join(base, param.net), "NetParameter")
         next(

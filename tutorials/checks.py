@@ -309,3 +309,93 @@ def _(mod):
         out = np.zeros(1, np.float32)
         k[1, 8](x, out)
         close(out[0], x.max(), f"block_max of {n} numbers (all negative)")
+
+
+# -- lesson 8: the memory arena ------------------------------------------------------------------------
+def _random_lifetimes(rng, n, steps):
+    sizes = [int(s) for s in rng.integers(1, 20, n) * 64]
+    intervals = []
+    for _ in range(n):
+        a = int(rng.integers(0, steps))
+        intervals.append((a, int(rng.integers(a, steps))))
+    return sizes, intervals
+
+
+@check("08.1", "place_first_fit never overlaps two live buffers and packs like the planner")
+def _(mod):
+    from minicaffe import memory
+
+    rng = np.random.default_rng(8)
+    cases = [([400, 800, 800, 800, 800], [(0, 5), (0, 4), (1, 3), (3, 4), (4, 5)])]
+    cases += [_random_lifetimes(rng, n, 12) for n in (1, 3, 8, 20, 40)]
+    for sizes, intervals in cases:
+        offs = mod.place_first_fit(sizes, intervals)
+        assert len(offs) == len(sizes), f"one offset per buffer: got {len(offs)} for {len(sizes)}"
+        for i in range(len(sizes)):
+            assert offs[i] >= 0, f"buffer {i} at a negative offset {offs[i]}"
+            for j in range(i):
+                live = intervals[i][0] <= intervals[j][1] and intervals[j][0] <= intervals[i][1]
+                apart = offs[i] + sizes[i] <= offs[j] or offs[j] + sizes[j] <= offs[i]
+                assert not live or apart, (
+                    f"buffers {j} {intervals[j]} and {i} {intervals[i]} are live together and overlap"
+                )
+        bufs = [
+            memory.Buffer(str(i), "x", s // 4, np.float32, [iv], None)
+            for i, (s, iv) in enumerate(zip(sizes, intervals))
+        ]
+        want = memory.place(bufs, align=64)
+        got = max(o + s for o, s in zip(offs, sizes))
+        assert got <= want, f"your arena takes {got} bytes, first fit by size takes {want}"
+
+
+@check("08.2", "peak_live is the most bytes live at one step")
+def _(mod):
+    from minicaffe import memory
+
+    rng = np.random.default_rng(9)
+    for n in (1, 5, 30):
+        sizes, intervals = _random_lifetimes(rng, n, 10)
+        bufs = [
+            memory.Buffer(str(i), "x", s // 4, np.float32, [iv], None)
+            for i, (s, iv) in enumerate(zip(sizes, intervals))
+        ]
+        want = memory.peak_bytes(bufs, 10)
+        got = mod.peak_live(sizes, intervals, 10)
+        assert got == want, f"{n} buffers: got {got}, expected {want}"
+
+
+# -- lesson 9: SingleCaffe --------------------------------------------------------------------------------
+@check("09.1", "may_start (BSP and SSP) and shard_bounds agree with the runtime")
+def _(mod):
+    from minicaffe.parallel import shard_bounds
+
+    for clock, applied, s, want in [
+        (0, 0, 0, True),
+        (1, 0, 0, False),
+        (1, 1, 0, True),
+        (3, 1, 2, True),
+        (4, 1, 2, False),
+        (5, 5, 3, True),
+    ]:
+        got = mod.may_start(clock, applied, s)
+        assert bool(got) == want, f"may_start(clock={clock}, applied={applied}, staleness={s}) = {got}, expected {want}"
+    for batch, n in [(64, 1), (64, 2), (10, 3), (7, 7), (100, 8)]:
+        got = [tuple(int(v) for v in b) for b in mod.shard_bounds(batch, n)]
+        assert got == shard_bounds(batch, n), f"shard_bounds({batch}, {n}) = {got}, expected {shard_bounds(batch, n)}"
+
+
+@check("09.2", "reduce_gradients gives the whole batch's gradient")
+def _(mod):
+    rng = np.random.default_rng(10)
+    X = rng.standard_normal((10, 3))
+    y = rng.standard_normal(10)
+    w = rng.standard_normal(3)
+
+    def grad(rows):  # mean squared error's gradient over some rows
+        Xs, ys = X[rows], y[rows]
+        return Xs.T @ (Xs @ w - ys) / len(ys)
+
+    for bounds in ([(0, 10)], [(0, 5), (5, 10)], [(0, 4), (4, 7), (7, 10)], [(0, 1), (1, 10)]):
+        grads = [grad(slice(lo, hi)) for lo, hi in bounds]
+        sizes = [hi - lo for lo, hi in bounds]
+        close(mod.reduce_gradients(grads, sizes), grad(slice(0, 10)), f"shards {bounds}")

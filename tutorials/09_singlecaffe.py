@@ -1,0 +1,299 @@
+# %% [markdown]
+# # Lesson 9: SingleCaffe, a parameter server and N worker threads
+#
+# **You will learn** how data-parallel training works inside one machine: one parameter-server
+# thread owns the weights and the solver, N worker threads each compute the gradient of their
+# share of the batch; what bulk-synchronous (BSP) and stale-synchronous (SSP) training trade;
+# where the time of a step goes; and why threads in Python only help when the kernels release
+# the GIL. **You need** lesson 7 (solvers) and lesson 8 (the arena the replicas share).
+#
+# SingleCaffe (IEEE Access, 2018) runs Caffe's training with one server thread and N worker
+# threads in one process, all sharing one planned memory arena. Each iteration (a *clock*) the
+# batch is cut into N shards; worker k runs forward and backward of its replica on shard k; the
+# server sums the N gradients, weighted by shard size, and applies the solver's update.
+
+# %%
+import os
+import sys
+import threading
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+from _course import QUICK, ROOT, cleanup, show
+
+import minicaffe as caffe
+from minicaffe import proto
+from minicaffe.parallel import ParallelTrainer, with_synthetic_data
+from minicaffe.solvers import load_solver_param
+
+print("quick mode" if QUICK else "full mode", "| cores:", os.cpu_count())
+
+# %% [markdown]
+# ## A parameter server in forty lines
+# Linear regression `y = X w` with two workers, written out: the server waits for both
+# gradients of clock c, averages them, updates w and publishes `applied = c + 1`. A worker may
+# start clock c once `applied >= c - s`: with staleness `s = 0` (BSP) it waits for the previous
+# update; with `s > 0` (SSP) it may run up to s clocks ahead on older weights. A sleep stands for
+# each worker's compute, and at every clock one worker, drawn at random, is a *straggler*
+# (five times slower: a busy core, a page fault, a slow batch). Every wait and compute is timed.
+
+
+# %%
+def toy_ps(staleness, clocks=10, fast=0.005, slow=0.025):
+    rng = np.random.default_rng(0)
+    straggler = rng.integers(0, 2, clocks)  # which worker is slow at each clock (the same for every run)
+    X = rng.standard_normal((64, 4))
+    y = X @ np.array([1.0, -2.0, 0.5, 3.0])
+    shards = [(X[:32], y[:32]), (X[32:], y[32:])]
+    w = np.zeros(4)
+    grads, applied, events = {}, [0], []
+    cv = threading.Condition()
+    t0 = time.perf_counter()
+
+    def worker(k):
+        for c in range(clocks):
+            t = time.perf_counter()
+            with cv:
+                cv.wait_for(lambda: applied[0] >= c - staleness)
+                w_seen = w.copy()
+            events.append((f"worker {k}", "wait", t - t0, time.perf_counter() - t0))
+            t = time.perf_counter()
+            Xk, yk = shards[k]
+            g = Xk.T @ (Xk @ w_seen - yk) / len(yk)
+            time.sleep(slow if straggler[c] == k else fast)  # the forward/backward of a real net
+            events.append((f"worker {k}", "compute", t - t0, time.perf_counter() - t0))
+            with cv:
+                grads[(c, k)] = g
+                cv.notify_all()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for th in threads:
+        th.start()
+    for c in range(clocks):  # the server
+        t = time.perf_counter()
+        with cv:
+            cv.wait_for(lambda: (c, 0) in grads and (c, 1) in grads)
+        events.append(("server", "wait", t - t0, time.perf_counter() - t0))
+        t = time.perf_counter()
+        w -= 0.3 * (grads.pop((c, 0)) + grads.pop((c, 1))) / 2
+        with cv:
+            applied[0] = c + 1
+            cv.notify_all()
+        events.append(("server", "update", t - t0, time.perf_counter() - t0))
+    for th in threads:
+        th.join()
+    return w, events, time.perf_counter() - t0
+
+
+runs = {s: toy_ps(s) for s in (0, 2)}
+for s, (w, _, wall) in runs.items():
+    print(f"staleness {s} ({'BSP' if s == 0 else 'SSP'}): w = {np.round(w, 3)}, {wall * 1e3:.0f} ms for 10 clocks")
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(10, 3.8), sharex=True)
+colors = {"compute": "C0", "wait": "0.85", "update": "C3"}
+for ax, (s, (_, events, wall)) in zip(axes, runs.items()):
+    rows = ["server", "worker 0", "worker 1"]
+    for who, what, a, b in events:
+        ax.barh(rows.index(who), b - a, left=a, color=colors[what], edgecolor="w", lw=0.3)
+    ax.set_yticks(range(3), rows)
+    ax.set_title(f"staleness {s} ({'BSP' if s == 0 else 'SSP'}): {wall * 1e3:.0f} ms", fontsize=9)
+axes[1].set_xlabel("seconds")
+axes[0].legend(
+    handles=[plt.Rectangle((0, 0), 1, 1, fc=c) for c in colors.values()], labels=list(colors), fontsize=7, ncol=3
+)
+fig.tight_layout()
+show(fig, "09_toy_timeline")
+assert runs[2][2] < runs[0][2], "SSP should let the fast worker run ahead"
+
+# %% [markdown]
+# In BSP, at every clock the worker that happened to be fast waits for the straggler (grey): each
+# clock costs the slower of the two, so the run pays for every straggler. With staleness 2 a
+# worker that is ahead keeps going on weights up to two updates old, and a straggler at one
+# clock is made up by fast clocks later: the run pays roughly for the slower worker's *total*.
+# The server still applies one update per clock from both gradients, in clock order; both runs
+# head to the same solution (the final `w` above), SSP along a slightly different path.
+#
+# ## The GIL, and why the kernels release it
+# CPython runs Python bytecode in one thread at a time (the global interpreter lock). Two
+# threads of pure-Python arithmetic take as long as one doing both halves; threads only run in
+# parallel while the GIL is released. numpy's BLAS calls release it, and every numba kernel in
+# `kernels/` is compiled with `nogil=True`. We time the same total work in one thread and split
+# over two, for a Python loop and for a numba kernel.
+
+# %%
+from numba import njit
+
+
+def py_work(n):
+    s = 0.0
+    for i in range(n):
+        s += i * 0.5
+    return s
+
+
+@njit(nogil=True, cache=False)
+def nb_work(n):
+    s = 0.0
+    for i in range(n):
+        s += np.sin(i * 0.5)
+    return s
+
+
+def threaded(fn, n, k):
+    ths = [threading.Thread(target=fn, args=(n // k,)) for _ in range(k)]
+    t = time.perf_counter()
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    return time.perf_counter() - t
+
+
+nb_work(10)
+n_py, n_nb = (400_000, 4_000_000) if QUICK else (4_000_000, 40_000_000)
+speedup = {}
+for label, fn, n in (("pure Python loop", py_work, n_py), ("numba, nogil=True", nb_work, n_nb)):
+    one = min(threaded(fn, n, 1) for _ in range(3))
+    two = min(threaded(fn, n, 2) for _ in range(3))
+    speedup[label] = one / two
+    print(f"  {label:18s} 1 thread {one * 1e3:7.1f} ms, 2 threads {two * 1e3:7.1f} ms: {one / two:.2f}x")
+gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+if gil:
+    assert speedup["pure Python loop"] < 1.4, "with the GIL, Python threads cannot run bytecode at once"
+print("(on a machine busy with other work, the numba threads gain less than 2x: the cores are shared)")
+
+fig, ax = plt.subplots(figsize=(6, 2.4))
+ax.barh(list(speedup), list(speedup.values()), color=["C3", "C2"])
+ax.axvline(1, color="k", lw=0.8)
+ax.axvline(2, color="k", lw=0.8, ls="--")
+ax.set_xlabel("speedup of 2 threads over 1 (dashed: perfect)")
+ax.set_title("the GIL: measured on this machine")
+show(fig, "09_gil")
+
+# %% [markdown]
+# ## The real runtime: LeNet with N workers
+# `minicaffe.parallel.ParallelTrainer(solver, n_workers, staleness)` does the above for a real
+# solver: the replicas' parameters are views of one flat vector W in the arena, each worker writes
+# its own gradient vector, and the server runs the solver's own update. (The data here are
+# synthetic, with LeNet's shapes.) First a claim that must hold: **BSP with 2 workers computes
+# what 1 worker computes** on the whole batch, up to the order of float32 sums.
+
+
+# %%
+class Losses:
+    """A solver callback (``solver.add_callback``): records each iteration's loss."""
+
+    def __init__(self):
+        self.values = []
+
+    def on_iteration(self, solver, loss, lr):
+        self.values.append(float(loss))
+
+
+def lenet_solver(batch):
+    param, base = load_solver_param(os.path.join(ROOT, "nets", "lenet_solver.prototxt"))
+    net = with_synthetic_data(proto.parse_file(os.path.join(base, param.net), "NetParameter"))
+    for lp in net.layer:
+        if lp.type == "Data":
+            lp.data_param.batch_size = batch
+    param.clear("net")
+    param.net_param = net
+    for f in ("test_iter", "test_interval", "snapshot"):
+        param.clear(f)
+    param.display = 0
+    caffe.set_random_seed(1)
+    return caffe.get_solver(param, base_dir=base, log=lambda m: None)
+
+
+def run(workers, staleness, iters, batch):
+    solver = lenet_solver(batch)
+    rec = Losses()
+    solver.add_callback(rec)
+    trainer = ParallelTrainer(solver, workers, staleness=staleness, log=lambda m: None)
+    t = time.perf_counter()
+    trainer.step(iters)
+    return rec.values, trainer, time.perf_counter() - t
+
+
+batch, iters = (16, 6) if QUICK else (64, 60)
+one, _, _ = run(1, 0, iters, batch)
+two, trainer2, _ = run(2, 0, iters, batch)
+print("1 worker :", np.round(one, 5))
+print("2 workers:", np.round(two, 5))
+assert np.allclose(one, two, rtol=1e-4, atol=1e-5), "BSP with 2 workers must compute what 1 worker does"
+
+# %% [markdown]
+# ## Where the time goes
+# `trainer.stats()` splits each clock: the server fetches the next batch, waits for the workers,
+# reduces the gradients and updates; each worker copies its shard in, computes, and waits. BSP
+# and SSP (staleness 2) with 2 workers:
+
+# %%
+ssp, trainer_ssp, _ = run(2, 2, iters, batch)
+parts = {}
+for label, tr in (("BSP", trainer2), ("SSP s=2", trainer_ssp)):
+    st = tr.stats()
+    parts[label] = st
+    print(
+        f"{label}: {st['wall_per_clock'] * 1e3:.1f} ms per clock; server wait {st['server_wait'] * 1e3:.1f}, reduce {st['server_reduce'] * 1e3:.2f}, update {st['server_update'] * 1e3:.2f} ms; workers compute {np.round(np.array(st['worker_compute']) * 1e3, 1)} wait {np.round(np.array(st['worker_wait']) * 1e3, 1)} ms"
+    )
+
+fig, ax = plt.subplots(figsize=(9, 3.2))
+rows, y = [], 0
+seg_colors = {"fetch": "C4", "wait": "0.8", "reduce": "C1", "update": "C3", "copy": "C5", "compute": "C0"}
+for label, st in parts.items():
+    bars = [("server", {k: st[f"server_{k}"] for k in ("fetch", "wait", "reduce", "update")})]
+    bars += [
+        (
+            f"worker {k}",
+            {"copy": st["worker_copy"][k], "compute": st["worker_compute"][k], "wait": st["worker_wait"][k]},
+        )
+        for k in range(2)
+    ]
+    for who, segs in bars:
+        left = 0.0
+        for seg, v in segs.items():
+            ax.barh(y, v * 1e3, left=left, color=seg_colors[seg])
+            left += v * 1e3
+        rows.append(f"{label}: {who}")
+        y += 1
+ax.set_yticks(range(len(rows)), rows, fontsize=8)
+ax.invert_yaxis()
+ax.set_xlabel("ms per clock")
+ax.legend(
+    handles=[plt.Rectangle((0, 0), 1, 1, fc=c) for c in seg_colors.values()],
+    labels=list(seg_colors),
+    fontsize=7,
+    ncol=6,
+)
+ax.set_title(f"LeNet, batch {batch}, 2 workers: where a clock's time goes (measured)")
+show(fig, "09_where_time_goes")
+
+# %% [markdown]
+# The memory of the whole run is one arena: W once, the summed gradient, the solver's history,
+# one gradient slot per worker and clock of staleness, and every replica's planned activations.
+
+# %%
+mem = trainer2.memory_summary()
+print(
+    f"arena {mem['planned'] / 2**20:.2f} MiB vs {mem['naive'] / 2**20:.2f} MiB for 3 separate nets ({mem['planned'] / mem['naive']:.2f}x)"
+)
+assert mem["planned"] < mem["naive"]
+
+# %% [markdown]
+# ## Exercises
+# 1. Write `may_start(clock, applied, staleness)`, the rule a worker checks before clock `clock`,
+#    and `shard_bounds(batch, n)`, the `(lo, hi)` rows of each of n workers (sizes differing by
+#    at most one, larger shards first). Check: `python -m tutorials.check 09.1`
+# 2. Write `reduce_gradients(grads, sizes)`: the server's sum of the workers' gradient vectors,
+#    each weighted by its shard's share of the batch. Check: `python -m tutorials.check 09.2`
+# 3. (thought) Why does BSP with N workers compute the same update as one worker on the whole
+#    batch, while SSP does not? What does SSP buy, and when is it worth it?
+#
+# Answers to the thought questions: `tutorials/solutions/ANSWERS.md`.
+
+# %%
+cleanup()
+print("lesson 9 done")
