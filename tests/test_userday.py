@@ -487,3 +487,40 @@ def test_a_script_beside_the_clone_imports_the_package(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert "has no attribute 'set_mode_cpu'" in alone.stderr  # the failure the install option avoids
+
+
+def test_progress_line_says_the_phase_and_the_whole_run():
+    from minicaffe.tools.common import Progress
+
+    clock = Clock()
+    progress = Progress(0)
+    assert progress.line() == "setting up ..."
+    eta = Eta(1000, 0, clock=clock)
+    progress.total, progress.eta = 1000, eta
+    progress.phase = "first iteration (numba compiles the kernels on a first run)"
+    assert progress.line().endswith(
+        "0/1000 first iteration (numba compiles the kernels on a first run), -- ms/it, ETA --"
+    )
+    eta.begin()
+    for i in range(1, 101):
+        clock.t += 5.0 if i == 1 else 0.02
+        eta.iteration(i)
+    progress.done, progress.phase, progress.extra = 100, "training", "loss 0.5"
+    assert progress.line().endswith("100/1000 training, 20.0 ms/it, ETA 18s (run 25s) loss 0.5")
+
+
+def test_resuming_from_an_earlier_snapshot_branches_instead_of_overwriting(solver_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train.main([solver_file, "--output", str(run), "--no-plot"]) == 0  # snapshots at 5 and 10
+    before = digest(run)
+    capsys.readouterr()
+    assert train.main([solver_file, "--resume", str(run / "toy_iter_5.solverstate"), "--no-plot"]) == 1
+    err = capsys.readouterr().err
+    assert "holds later snapshots of this run (toy_iter_10.solverstate)" in err and "--output NEWDIR" in err
+    assert digest(run) == before
+    branch = tmp_path / "branch"
+    assert train.main([solver_file, "--resume", str(run / "toy_iter_5.solverstate"), "--output", str(branch)]) == 0
+    assert digest(run) == before
+    log = train.read_log(str(branch))
+    assert log["train"]["iter"] == list(range(10))  # the history up to iteration 5 came along
+    assert log["train"]["loss"] == train.read_log(str(run))["train"]["loss"]

@@ -127,11 +127,17 @@ class Eta:
         self.test_seconds = []  # the later tests
         self.last_test_iter = None
         self._mark = None  # clock at the end of the previous iteration (or test)
+        self.t_begin = None
         self._test_t0 = None
 
     def begin(self):
         """Training (or its first test) starts now."""
-        self._mark = self.clock()
+        self._mark = self.t_begin = self.clock()
+
+    def whole_run(self):
+        """Seconds the whole run (this process's part) should take: elapsed + remaining."""
+        left = self.remaining()
+        return None if left is None or self.t_begin is None else self.clock() - self.t_begin + left
 
     def iteration(self, it):
         """Iteration ``it - 1`` has finished (``it`` = the solver's iteration count now)."""
@@ -229,12 +235,17 @@ class Progress:
             self.redraw()
 
     def line(self):
+        if not self.total:
+            return f"{self.phase} ..."
         frac = min(self.done / self.total, 1.0) if self.total else 1.0
         filled = int(frac * self.width)
         per = self.eta.seconds_per_iteration() if self.eta else None
         left = self.eta.remaining() if self.eta else None
         pace = f"{1000 * per:.1f} ms/it" if per is not None else "-- ms/it"
         eta = f"ETA {fmt_seconds(left)}" if left is not None else "ETA --"
+        whole = self.eta.whole_run() if self.eta else None
+        if whole is not None:
+            eta += f" (run {fmt_seconds(whole)})"
         return (
             f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {self.phase}, "
             f"{pace}, {eta} {self.extra}"
