@@ -1,7 +1,15 @@
-"""Convolution forward as a whole: every version (direct loops, im2col + BLAS, im2col + the
-hand-written GEMM) against the float64 reference on random geometry, both dtypes."""
+"""Convolution forward as a whole: every version (direct loops, im2col + BLAS, implicit GEMM,
+serial and per-image parallel) against the float64 reference on random geometry and on shapes
+that cross the implicit GEMM's blocks, both dtypes; the parallel rung from two threads at once
+under the OpenMP threading layer."""
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_check import DTYPES, assert_close, sum_tol, versions
@@ -46,3 +54,58 @@ def test_every_version(geo, seed):
                 version=ver,
                 shape=f"x{xs} w{ws} p,s,d={g} bias={has_bias}",
             )
+
+
+@pytest.mark.parametrize("xs, ws, pad", [((70, 12, 8, 8), (7, 12, 5, 5), 0), ((3, 11, 9, 9), (5, 11, 5, 5), 2)])
+def test_implicit_gemm_across_its_blocks(xs, ws, pad):
+    """C*kh*kw = 300 and 275 rows of col (two passes of KB = 256) and, for the first shape,
+    70 images of 16 output pixels: a block of 64 images and one of 6."""
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    g = (pad, pad, 1, 1, 1, 1)
+    ref = K.conv_fwd_reference(x, w, b, *g)
+    mag = K.conv_fwd_reference(np.abs(x), np.abs(w), np.abs(b), *g)
+    for ver in ("v4_implicit", "v5_implicit_prange"):
+        y = np.full(ref.shape, np.nan, np.float32)
+        K.VERSIONS["conv_fwd"][ver](x, w, b, *g, y)
+        n_terms = ws[1] * ws[2] * ws[3] + 1
+        assert_close(y, ref, sum_tol(np.float32, n_terms, mag), kernel="conv_fwd", version=ver, shape=f"x{xs}")
+
+
+def test_parallel_rung_from_two_threads_under_openmp():
+    """numba's OpenMP threading layer lets two Python threads run parallel regions at once (its
+    default workqueue layer aborts the process): what per-image parallel kernels inside the
+    threaded runtime need.  Skips, saying why, where numba has no OpenMP layer."""
+    code = """
+        import threading
+        import numpy as np
+        import numba
+        from kernels import conv
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((8, 3, 12, 12)).astype(np.float32)
+        w = rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+        b = np.zeros(4, np.float32)
+        ref = conv.conv_fwd_reference(x, w, b, 0, 0, 1, 1, 1, 1)
+        f = conv.VERSIONS["conv_fwd"]["v5_implicit_prange"]
+        errors = []
+        def work():
+            for _ in range(20):
+                y = np.empty((8, 4, 8, 8), np.float32)
+                f(x, w, b, 0, 0, 1, 1, 1, 1, y)
+                if not np.allclose(y, ref, rtol=1e-4, atol=1e-4):
+                    errors.append("wrong")
+        ts = [threading.Thread(target=work) for _ in range(2)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        print("LAYER", numba.threading_layer(), "ERRORS", len(errors))
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_THREADING_LAYER="omp", PYTHONPATH=root)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, cwd=root, timeout=600
+    )
+    if r.returncode != 0 and "No threading layer could be loaded" in r.stderr:
+        pytest.skip("numba's OpenMP threading layer is not available here (no libgomp)")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "LAYER omp ERRORS 0" in r.stdout, r.stdout
