@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import backend as _backend
 from ..dist import launch as dist
-from ..errors import MinicaffeError, SolverError
+from ..errors import MinicaffeError
 from ..io import atomic_write
 from .common import Eta, Logger, Progress, banner, fmt_seconds, resolve_solver, versions
 
@@ -542,8 +542,9 @@ def run(args, argv=None):
         log(f"Initialized from {args.weights}" + (f" (ignored layers: {', '.join(skipped)})" if skipped else ""))
     if state_path:
         solver.restore(state_path)
-        later = [p for it, p in snapshots(os.path.dirname(os.path.abspath(state_path))) if it > solver.iter]
-        if later and not args.output and not args.force:
+        state_dir = os.path.dirname(os.path.abspath(state_path))
+        later = [p for it, p in snapshots(state_dir) if it > solver.iter]
+        if later and not args.force and (not args.output or _same_dir(state_dir, args.output)):
             raise MinicaffeError(
                 f"--resume: {os.path.dirname(state_path) or '.'} holds later snapshots of this run "
                 f"({', '.join(os.path.basename(p) for p in later[:3])}) that continuing from iteration "
@@ -655,7 +656,7 @@ def run(args, argv=None):
             # short by --iters ends between intervals, and its result should still be measured
             log(f"Final test at iteration {solver.iter} (the run ended between test intervals)")
             solver.test_all()
-    except SolverError as exc:
+    except MinicaffeError as exc:  # a diverging loss, a data file gone bad mid-run, ...
         status, message = "error", str(exc)
         if progress is not None:
             progress.close()
@@ -665,8 +666,9 @@ def run(args, argv=None):
         log(f"The last good snapshot is kept: {kept}" if kept else "No snapshot had been written yet.")
         finish(record, out_dir, args, status, solver.iter, message, log)
         return 1
-    except KeyboardInterrupt:
-        record.close("aborted", solver.iter, "a second Ctrl-C")
+    except BaseException as exc:  # a second Ctrl-C, or a bug: the log keeps what happened
+        why = "a second Ctrl-C" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+        record.close("aborted", solver.iter, why)
         raise
     finally:
         np.seterr(**numpy_errors)
