@@ -243,3 +243,48 @@ def test_writer_refuses_an_existing_database(tmp_path):
     (tmp_path / "db").mkdir()
     with pytest.raises(DatasetError, match="exists already"):
         Writer(str(tmp_path / "db"))
+
+
+def test_leveldb_and_encoded_images_of_different_sizes(tmp_path):
+    pytest.importorskip("plyvel", reason="the data extra (plyvel) is not installed")
+    import io
+
+    rng = np.random.default_rng(6)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((6, 8), (9, 7), (5, 5))]
+    db = str(tmp_path / "varied_leveldb")
+    with Writer(db, "LEVELDB") as w:
+        for i, a in enumerate(images):
+            buf = io.BytesIO()
+            Image.fromarray(a).save(buf, format="PNG")
+            w.put(f"{i:08d}", encode_datum(label=i, encoded_bytes=buf.getvalue()))
+    # a centre crop of 5 fits all three: the layer crops them one by one (Caffe's TEST crop)
+    layer, top = data_layer(db, 3, transform="crop_size: 5")
+    layer.forward([], top)
+    for n, a in enumerate(images):
+        h, w = a.shape[:2]
+        t, l = (h - 5) // 2, (w - 5) // 2
+        np.testing.assert_array_equal(top[0].data[n], bgr(a)[:, t : t + 5, l : l + 5])
+    np.testing.assert_array_equal(top[1].data, [0, 1, 2])
+    layer.stop()
+    layer, top = data_layer(db, 2)  # no crop: a batch of two sizes cannot be one array
+    with pytest.raises(LayerError, match=r"one batch holds images of shapes .*set crop_size"):
+        layer.forward([], top)
+    layer.stop()
+    gray, top = data_layer(db, 1, transform="force_gray: true")
+    assert top[0].shape == (1, 1, 6, 8)
+    gray.stop()
+
+
+def test_a_record_of_another_size_than_the_first_is_a_clear_error(tmp_path):
+    db = str(tmp_path / "db")
+    with Writer(db, "LMDB") as w:
+        w.put("0", encode_datum(np.zeros((1, 4, 4), np.uint8), 0))
+        w.put("1", encode_datum(np.zeros((1, 5, 4), np.uint8), 1))
+    layer, top = data_layer(db, 1)
+    layer.forward([], top)
+    with pytest.raises(
+        LayerError,
+        match=r"a batch of images \(1, 5, 4\) after the transform, but the first record made the top \(1, 4, 4\)",
+    ):
+        layer.forward([], top)
+    layer.stop()

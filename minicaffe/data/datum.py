@@ -28,6 +28,7 @@ import io
 
 import numpy as np
 
+from .. import proto
 from ..errors import MinicaffeError
 from ._util import DatasetError
 
@@ -50,8 +51,6 @@ def encode_datum(image=None, label=0, encoded_bytes=None, set_encoded=True):
     does); float (C, H, W) -> ``float_data``.  ``encoded_bytes``: a whole image file -> data,
     label, encoded=true (what ``convert_imageset --encoded`` writes).
     """
-    from .. import proto
-
     d = proto.Message("Datum")
     if encoded_bytes is not None:
         d.data = bytes(encoded_bytes)
@@ -78,25 +77,23 @@ def decode_datum(value, where="Datum", is_color=None):
     ``where`` names the record in errors ("db 'path', key '00000012'").  Encoded records are
     decoded with Pillow (``is_color`` None: native channels, as Caffe's Data layer does).
     """
-    from .. import proto
-
     try:
         d = proto.decode(value, "Datum", filename=where)
     except MinicaffeError as e:
         raise DatasetError(f"{where}: not a Datum record ({e})") from None
-    label = int(d.label)
+    label, data = int(d.label), d.data
     if d.encoded:
-        return decode_image(d.data, where, is_color), label
+        return decode_image(data, where, is_color), label
     c, h, w = int(d.channels), int(d.height), int(d.width)
     if min(c, h, w) <= 0:
         raise DatasetError(f"{where}: a raw Datum must give channels, height and width > 0, got {c} x {h} x {w}")
     count = c * h * w
-    if len(d.data):
-        if len(d.data) != count:
+    if data:
+        if len(data) != count:
             raise DatasetError(
-                f"{where}: the Datum says {c} x {h} x {w} = {count} pixels but carries {len(d.data)} bytes of data"
+                f"{where}: the Datum says {c} x {h} x {w} = {count} pixels but carries {len(data)} bytes of data"
             )
-        return np.frombuffer(d.data, dtype=np.uint8).reshape(c, h, w), label
+        return np.frombuffer(data, dtype=np.uint8).reshape(c, h, w), label
     floats = d.float_data
     if len(floats) != count:
         raise DatasetError(

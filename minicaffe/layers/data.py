@@ -123,6 +123,12 @@ class Data(DataLayer):
             data, labels = self.prefetcher.next()
         except DatasetError as e:
             raise self.error(str(e)) from None
+        if tuple(data.shape[1:]) != tuple(self.image_shape):  # a database's images of another size
+            raise self.error(
+                f"a batch of images {tuple(data.shape[1:])} after the transform, but the first record made "
+                f"the top {tuple(self.image_shape)}; images of several sizes need crop_size (or resize them "
+                f"when converting)"
+            )
         return (data, labels)[: self.n_tops]
 
     def position(self):
