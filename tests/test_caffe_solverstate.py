@@ -155,3 +155,21 @@ def test_learned_net_is_found_beside_the_state_when_not_in_the_working_directory
     b = get_solver(path, log=lambda m: None)
     b.restore(str(moved / "s.solverstate"))
     np.testing.assert_array_equal(a.net.learnable_params[0].data, b.net.learnable_params[0].data)
+
+
+def test_the_train_tool_writes_and_resumes_caffes_state(tmp_path, monkeypatch):
+    from minicaffe.tools import train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.prototxt").write_text(NET)
+    (tmp_path / "solver.prototxt").write_text(
+        'net: "net.prototxt" base_lr: 0.1 momentum: 0.9 lr_policy: "fixed" display: 0 max_iter: 6 snapshot: 3 '
+        'snapshot_prefix: "toy" random_seed: 2 snapshot_format: BINARYPROTO\n'
+    )
+    out = tmp_path / "run"
+    assert train.main(["solver.prototxt", "--output", str(out), "--iters", "3", "--no-plot"]) == 0
+    state = out / "toy_iter_3.solverstate"
+    assert decode_state(state.read_bytes())["iter"] == 3
+    assert train.last_snapshot(str(out)) == str(state)  # a complete snapshot the tool may resume from
+    assert train.main(["solver.prototxt", "--output", str(out), "--resume", str(state), "--no-plot"]) == 0
+    assert decode_state((out / "toy_iter_6.solverstate").read_bytes())["iter"] == 6

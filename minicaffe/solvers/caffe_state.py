@@ -64,6 +64,21 @@ def is_caffe_state(path):
     return not head.startswith(_ZIP_MAGIC)
 
 
+def is_complete_caffe_state(path):
+    """Whether ``path`` holds a whole Caffe SolverState (decodes, has ``iter``): what a tool
+    choosing a snapshot to resume from asks of a file that is not minicaffe's own state."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if not data or data.startswith((_ZIP_MAGIC, _HDF5_MAGIC)):
+            return False
+        from .. import proto
+
+        return proto.decode(data, "SolverState").has("iter")
+    except (OSError, MinicaffeError):
+        return False
+
+
 def encode_state(iteration, current_step, learned_net, history):
     """The bytes of a SolverState: ``history`` a list of arrays (float32 -> data, float64 ->
     double_data), in Caffe's layout."""

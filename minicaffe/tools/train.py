@@ -32,6 +32,7 @@ from .. import backend as _backend
 from ..dist import launch as dist
 from ..errors import MinicaffeError
 from ..io import atomic_write
+from ..solvers import caffe_state
 from .common import Eta, Logger, Progress, banner, fmt_seconds, resolve_solver, versions
 
 LOG_NAME = "train_log.jsonl"
@@ -119,7 +120,7 @@ def _complete_state(path):
         with zipfile.ZipFile(path) as z:
             return "record.npy" in z.namelist() and z.testzip() is None
     except (OSError, zipfile.BadZipFile, EOFError):
-        return False
+        return caffe_state.is_complete_caffe_state(path)  # Caffe's SolverState (snapshot_format: BINARYPROTO)
 
 
 def last_snapshot(out_dir):
@@ -198,6 +199,8 @@ def describe_file(path):
             return "npz"
     if path.endswith(".caffemodel") or (head and head[0] in (0x0A, 0x12)):
         return "caffemodel"
+    if caffe_state.is_complete_caffe_state(path):  # a SolverState Caffe (or snapshot_format: BINARYPROTO) wrote
+        return "solverstate"
     return "other"
 
 
