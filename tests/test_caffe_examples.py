@@ -171,3 +171,64 @@ def test_every_caffe_example_net_builds_and_runs(path, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(os.environ["CAFFE_ROOT"]) / "examples" / "pycaffe" / "layers"))
     phases = [phase for phase, _ in run_both_phases(str(path))]
     assert "TRAIN" in phases and "TEST" in phases
+
+
+def caffe_solvers():
+    root = os.environ.get("CAFFE_ROOT")
+    if not root:
+        return []
+    return sorted(Path(root).glob("examples/**/*solver*.prototxt")) + sorted(
+        Path(root).glob("models/**/*solver*.prototxt")
+    )
+
+
+def copy_net_shrunk(root, rel):
+    """The net file ``rel`` of the Caffe checkout, batch sizes cut, written at the same relative
+    path under the working directory (Caffe resolves a solver's nets from its working directory)."""
+    src = Path(root) / rel
+    if not src.is_file():
+        pytest.skip(f"{rel} is not in the Caffe checkout (a notebook generates it)")
+    param = proto.upgrade_net(proto.parse_file(str(src), "NetParameter"))
+    shrink(param)
+    make_missing_files(param)
+    os.makedirs(os.path.dirname(rel) or ".", exist_ok=True)
+    Path(rel).write_text(proto.to_text(param))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("CAFFE_ROOT"), reason="CAFFE_ROOT (a checkout of BVLC/caffe) is not set")
+@pytest.mark.parametrize("path", caffe_solvers(), ids=lambda p: str(p).split("caffe/")[-1])
+def test_every_caffe_example_solver_trains_snapshots_as_caffe_and_resumes(path, tmp_path, monkeypatch):
+    import minicaffe
+    from minicaffe.solvers import get_solver
+    from minicaffe.solvers.caffe_state import decode_state
+
+    root = os.environ["CAFFE_ROOT"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "caffe", minicaffe)
+    param = proto.upgrade_solver(proto.parse_file(str(path), "SolverParameter"))
+    for field in ("net", "train_net"):
+        if param.has(field):
+            copy_net_shrunk(root, getattr(param, field))
+    for rel in param.test_net:
+        copy_net_shrunk(root, rel)
+    if param.has("net_param"):
+        shrink(param.net_param)
+        make_missing_files(param.net_param)
+    param.test_iter = [1] * len(param.test_iter)
+    param.max_iter, param.display, param.snapshot = 2, 0, 0
+    param.snapshot_prefix, param.snapshot_format = "snap", "BINARYPROTO"
+    a = get_solver(param, log=lambda m: None)
+    a.step(2)
+    weights, state = a.snapshot()
+    assert decode_state(Path(state).read_bytes())["iter"] == 2
+    b = get_solver(param, log=lambda m: None)
+    b.restore(state)
+    assert b.iter == 2
+    for x, y in zip(a.net.learnable_params, b.net.learnable_params):
+        np.testing.assert_array_equal(x.data, y.data)
+    b.step(1)
+    for net in [a.net, b.net] + a.test_nets + b.test_nets:
+        for layer in net.layers:
+            if hasattr(layer, "stop"):
+                layer.stop()

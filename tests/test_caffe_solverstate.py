@@ -112,11 +112,13 @@ def test_unset_snapshot_format_keeps_minicaffes_own_state(tmp_path):
     assert open(state, "rb").read(4) == b"PK\x03\x04"  # the .npz that resumes bit for bit
 
 
-def test_hdf5_snapshot_format_is_refused_clearly(tmp_path):
-    a = get_solver(write_solver(tmp_path, "SGD", fmt="snapshot_format: HDF5"), log=lambda m: None)
+def test_hdf5_snapshot_format_falls_back_to_minicaffes_state_and_says_so(tmp_path):
+    lines = []
+    a = get_solver(write_solver(tmp_path, "SGD", fmt="snapshot_format: HDF5"), log=lines.append)
     a.step(1)
-    with pytest.raises(SolverError, match="snapshot_format HDF5 is not supported"):
-        a.snapshot()
+    _, state = a.snapshot()
+    assert open(state, "rb").read(4) == b"PK\x03\x04"
+    assert any("snapshot_format HDF5 is not written by minicaffe" in line for line in lines)
 
 
 def test_a_state_of_another_solver_type_is_refused(tmp_path, monkeypatch):

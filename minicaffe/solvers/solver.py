@@ -430,7 +430,7 @@ class Solver:
         self.log(f"Snapshotting to binary proto file {weights}")
         save_weights(self.net, weights)
         self.log(f"Snapshotting solver state to {state}")
-        if caffe_state.wants_caffe_format(self.param):  # Caffe's SolverState (see caffe_state.py)
+        if caffe_state.wants_caffe_format(self.param, self.log):  # Caffe's SolverState (see caffe_state.py)
             caffe_state.save(self, state, weights)
         else:
             self.save_state(state, weights)
