@@ -127,7 +127,7 @@ def launch_local(argv, args, log_dir=None, log=None):
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the nodes get Ctrl-C themselves
     try:
         for r in range(n):
-            node_env = dict(env, MINICAFFE_RANK=str(r), MINICAFFE_WORLD_SIZE=str(n))
+            node_env = dict(env, MINICAFFE_RANK=str(r), MINICAFFE_WORLD_SIZE=str(n), MINICAFFE_LOCAL_NODES=str(n))
             node_env["MINICAFFE_RENDEZVOUS"] = f"127.0.0.1:{port}"
             if r == 0:
                 procs.append(subprocess.Popen(cmd, env=node_env))
@@ -247,6 +247,26 @@ def run_secondary(args):
     return 0
 
 
+def local_nodes():
+    """How many nodes share this machine: set by the local launcher and the emulator
+    (MINICAFFE_LOCAL_NODES), by MPICH's mpiexec (MPI_LOCALNRANKS); else 1."""
+    for name in ("MINICAFFE_LOCAL_NODES", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        v = _env_int(name)
+        if v:
+            return v
+    return 1
+
+
+def blas_threads(workers):
+    """BLAS threads per node: the cores divided among the nodes and worker threads here, so that
+    OpenBLAS threads (which spin while they wait) do not oversubscribe the cores."""
+    from ..parallel import blas
+
+    n = max(1, blas.cores() // (local_nodes() * max(1, workers)))
+    blas.set_threads(n)
+    return n
+
+
 def train(solver, args, log, out_dir=None):
     """Train ``solver`` as one node of the run the flags describe; -> the run's statistics
     (every node's, on node 0).  Raises DistError (a SolverError) when the run cannot go on."""
@@ -260,6 +280,8 @@ def train(solver, args, log, out_dir=None):
         + (f", link emulated at {args.link}" if args.link else "")
     )
     resume = bool(getattr(args, "resume", None)) and rank == 0
+    threads = blas_threads(args.workers)
+    log(f"node {rank}: BLAS threads {threads} ({local_nodes()} node(s) on this machine, {args.workers} worker(s) each)")
     node = Node(solver, transport, staleness=args.staleness, workers=args.workers, log=log, resume=resume)
     previous = None
     if rank != 0 and os.environ.get(LAUNCHED_ENV):
