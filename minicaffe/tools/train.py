@@ -462,6 +462,30 @@ def resume_command(argv, state):
     return shlex.join(["python", "-m", "minicaffe.train", *words, "--resume", state])
 
 
+def fetch_first(param, base_dir, progress, log):
+    """Fetch MNIST before the nets are built when they read it and it is not here yet, so the
+    progress line can say so (the download and conversion take a while, once)."""
+    from .. import data
+    from ..data import mnist
+    from ..net import load_net_param
+    from ..solvers.solver import resolve_path
+
+    if mnist.find_idx() is not None or mnist.cache_path().exists():
+        return
+    try:
+        paths = [getattr(param, f) for f in ("net", "train_net") if param.has(f)] + list(param.test_net)
+        nets = [load_net_param(resolve_path(p, base_dir, "net")) for p in paths]
+        nets += [n for n in (param.net_param, param.train_net_param) if n.layer] + list(param.test_net_param)
+        sources = {data.resolve_source(lp.data_param.source) for n in nets for lp in n.layer if lp.type == "Data"}
+    except MinicaffeError:
+        return  # the nets have an error: building them says which
+    if any(s.startswith("mnist") for s in sources):
+        log(f"Fetching MNIST: first use on this machine, into {mnist.cache_path().parent} (checked, converted once)")
+        if progress is not None:
+            progress.set_phase("fetching MNIST")
+        mnist.fetch()
+
+
 def test_cost_in_iterations(solver):
     """A guess of one full test's cost in training iterations, until a test has been timed: a
     forward pass is about half of a forward+backward+update, scaled by the batch sizes."""
@@ -538,7 +562,10 @@ def run(args, argv=None):
     pending_dir = out_dir or os.path.join(base, "<new>")
     param.snapshot_prefix = os.path.join(pending_dir, prefix)
 
-    log("Setting up: building the nets and loading the data (MNIST is fetched on its first use)")
+    fetch_first(param, base_dir, progress, log)
+    log("Setting up: building the nets and loading the data")
+    if progress is not None:
+        progress.set_phase("setting up: building the nets")
     solver = get_solver(param, base_dir=base_dir, log=log)
     if args.weights:
         skipped = solver.net.copy_from(args.weights)
