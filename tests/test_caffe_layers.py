@@ -1,6 +1,8 @@
 """ImageData, HDF5Data, HDF5Output and WindowData: small files made here, read back exactly;
 the order Caffe reads them in; and one clear error for a missing image or dataset."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -199,3 +201,33 @@ def test_window_data_batches(tmp_path):
     (tmp_path / "w2.txt").write_text("# 0\na.png\n3\n40\n50\n1\n1 0.8 5 5 30 30\n")
     with pytest.raises(LayerError, match="1 foreground and 0 background windows"):
         build(text.replace("w.txt", "w2.txt"))
+
+
+@pytest.mark.parametrize(
+    "hide, make, expect",
+    [
+        ("lmdb", "lmdb", "pip install lmdb"),
+        ("plyvel", "leveldb", "pip install plyvel"),
+        ("h5py", "hdf5", "pip install h5py"),
+        ("PIL", "images", "pip install Pillow"),
+    ],
+)
+def test_a_missing_package_is_named(tmp_path, monkeypatch, image_list, hide, make, expect):
+    tmp, _ = image_list
+    if make in ("lmdb", "leveldb"):
+        pytest.importorskip("lmdb" if make == "lmdb" else "plyvel", reason=f"the data extra ({make}) is not installed")
+        from minicaffe.data.datum import encode_datum
+        from minicaffe.data.db import Writer
+
+        with Writer(tmp_path / "db", make) as w:
+            w.put("0", encode_datum(np.zeros((1, 2, 2), np.uint8), 0))
+        text = f'name: "d" type: "Data" top: "data" data_param {{ source: "{tmp_path / "db"}" batch_size: 1 }}'
+    elif make == "hdf5":
+        write_h5(tmp_path / "a.h5", data=np.zeros((2, 3), np.float32))
+        (tmp_path / "files.txt").write_text(str(tmp_path / "a.h5"))
+        text = f'name: "h" type: "HDF5Data" top: "data" hdf5_data_param {{ source: "{tmp_path / "files.txt"}" batch_size: 1 }}'
+    else:
+        text = image_data(tmp)
+    monkeypatch.setitem(sys.modules, hide, None)  # `import hide` now raises ImportError
+    with pytest.raises(LayerError, match=expect):
+        build(text, ntop=1 if make != "images" else 2)

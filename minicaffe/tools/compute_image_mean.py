@@ -17,6 +17,7 @@ import numpy as np
 from ..data._util import DatasetError, atomic_write
 from ..data.sources import DatumDBDataset
 from ..errors import MinicaffeError
+from .common import banner
 
 
 def mean_blobproto(sum_image, count):
@@ -55,6 +56,7 @@ def main(argv=None):
     p.add_argument("output_file", nargs="?", help="the .binaryproto to write (none: only print the channel means)")
     p.add_argument("--backend", choices=("lmdb", "leveldb"), help="only needed when the files do not tell")
     a = p.parse_args(argv)
+    print(banner())
     try:
         mean, data = compute(a.input_db, a.backend.upper() if a.backend else None)
         if a.output_file:

@@ -29,6 +29,7 @@ from ..data.datum import bgr_chw_to_pil, encode_datum, read_image
 from ..data.db import Writer
 from ..data.sources import parse_image_list
 from ..errors import MinicaffeError
+from .common import banner
 
 
 def caffe_bool(value):
@@ -101,6 +102,8 @@ def convert(
 ):
     """Write the database; return (records written, records skipped)."""
     is_color = not gray
+    if os.path.exists(db_name):
+        raise DatasetError(f"'{db_name}' exists already; remove it first (Caffe's tools refuse too)")
     paths, labels, numbers = parse_image_list(list_file)
     order = np.arange(len(paths))
     if shuffle:
@@ -149,6 +152,7 @@ def convert(
 
 def main(argv=None):
     a = build_parser().parse_args(argv)
+    print(banner())
     try:
         if not os.path.isfile(a.list_file):
             raise DatasetError(f"list file '{a.list_file}' not found")

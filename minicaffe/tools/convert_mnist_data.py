@@ -17,6 +17,7 @@ from ..data.datum import encode_datum
 from ..data.db import Writer
 from ..data.idx import read_idx
 from ..errors import MinicaffeError
+from .common import banner
 
 
 def convert(image_file, label_file, db_path, backend="lmdb", log=print):
@@ -45,6 +46,7 @@ def main(argv=None):
     p.add_argument("output_db_file")
     p.add_argument("--backend", default="lmdb", choices=("lmdb", "leveldb"))
     a = p.parse_args(argv)
+    print(banner())
     try:
         convert(a.input_image_file, a.input_label_file, a.output_db_file, a.backend)
         return 0
