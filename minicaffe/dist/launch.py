@@ -272,6 +272,8 @@ def train(solver, args, log, out_dir=None):
     (every node's, on node 0).  Raises DistError (a SolverError) when the run cannot go on."""
     from .ps import Node
 
+    if solver.net.backend.name != "cpu":
+        raise DistError(f"training across nodes runs on the CPU; this solver's net is on '{solver.net.backend.name}'")
     transport = make_transport(args, solver, log)
     rank, world = transport.rank, transport.world
     log(
