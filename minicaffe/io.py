@@ -165,6 +165,7 @@ def load_weights(net, path):
 
 
 # -- pycaffe's caffe.io helpers ------------------------------------------------------------------
+from .data.datum import array_to_datum, datum_to_array  # noqa: E402, F401 (Datums: minicaffe/data/datum.py)
 from .image import load_image, oversample, resize_image  # noqa: E402, F401 (images: minicaffe/image.py)
 
 

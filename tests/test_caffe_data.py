@@ -288,3 +288,29 @@ def test_a_record_of_another_size_than_the_first_is_a_clear_error(tmp_path):
     ):
         layer.forward([], top)
     layer.stop()
+
+
+def test_pycaffe_style_lmdb_writing_with_caffe_io(tmp_path):
+    """The way pycaffe users write an LMDB: lmdb + caffe.io.array_to_datum + SerializeToString."""
+    import lmdb
+
+    import minicaffe as caffe
+    from minicaffe.proto import caffe_pb2
+
+    rng = np.random.default_rng(8)
+    arrays = [rng.integers(0, 256, (3, 4, 4), dtype=np.uint8) for _ in range(3)]
+    env = lmdb.open(str(tmp_path / "py_lmdb"), map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        for i, a in enumerate(arrays):
+            txn.put(f"{i:08d}".encode(), caffe.io.array_to_datum(a, i + 1).SerializeToString())
+    env.close()
+    layer, top = data_layer(str(tmp_path / "py_lmdb"), 3)
+    layer.forward([], top)
+    np.testing.assert_array_equal(top[0].data, np.stack(arrays))
+    np.testing.assert_array_equal(top[1].data, [1, 2, 3])
+    layer.stop()
+    d = caffe_pb2.Datum()
+    d.ParseFromString(open_db(str(tmp_path / "py_lmdb")).get(b"00000001"))
+    np.testing.assert_array_equal(caffe.io.datum_to_array(d), arrays[1])
+    f = caffe.io.datum_to_array(caffe.io.array_to_datum(np.full((1, 2, 2), 0.5)))
+    assert f.dtype == np.float64 and f.shape == (1, 2, 2) and (f == 0.5).all()

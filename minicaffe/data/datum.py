@@ -181,3 +181,30 @@ def resize(image, height, width):
     for c in range(image.shape[0]):
         out[c] = np.asarray(Image.fromarray(image[c], "L").resize((width, height), Image.BILINEAR))
     return out
+
+
+# -- pycaffe's caffe.io helpers (re-exported by minicaffe.io) ------------------------------------
+def array_to_datum(arr, label=None):
+    """pycaffe's ``caffe.io.array_to_datum``: a (C, H, W) array -> a Datum message (uint8 ->
+    ``data``, anything else -> ``float_data``); ``datum.SerializeToString()`` is the record."""
+    arr = np.asarray(arr)
+    if arr.ndim != 3:
+        raise ValueError(f"Incorrect array shape: a Datum holds one (C, H, W) array, got {arr.shape}")
+    datum = proto.Message("Datum")
+    datum.channels, datum.height, datum.width = (int(s) for s in arr.shape)
+    if arr.dtype == np.uint8:
+        datum.data = arr.tobytes()
+    else:
+        datum.float_data = arr.astype(np.float32).ravel()
+    if label is not None:
+        datum.label = int(label)
+    return datum
+
+
+def datum_to_array(datum):
+    """pycaffe's ``caffe.io.datum_to_array``: a raw Datum message -> (C, H, W) array (uint8 from
+    ``data``, else float from ``float_data``).  Encoded Datums: use :func:`decode_datum` on the bytes."""
+    shape = (int(datum.channels), int(datum.height), int(datum.width))
+    if len(datum.data):
+        return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape)
+    return np.asarray(datum.float_data, dtype=np.float64).reshape(shape)
