@@ -39,6 +39,7 @@ from collections import namedtuple
 import numpy as np
 
 from .blob import Blob
+from .checks import check_layer_param
 from .errors import LayerError, did_you_mean
 
 LAYERS = {}
@@ -71,8 +72,10 @@ def layer_class(type_name, where=""):
 
 
 def create_layer(param, backend, dtype=np.float32, phase="TRAIN"):
-    """Instantiate the registered class for ``param.type``."""
-    return layer_class(param.type, param.name)(param, backend=backend, dtype=dtype, phase=phase)
+    """Instantiate the registered class for ``param.type`` (after minicaffe.checks)."""
+    cls = layer_class(param.type, param.name)
+    check_layer_param(param)
+    return cls(param, backend=backend, dtype=dtype, phase=phase)
 
 
 class Layer:
@@ -117,8 +120,15 @@ class Layer:
     # -- the contract --------------------------------------------------------------------------
     def setup(self, bottom, top):
         self.check_arity(bottom, top)
+        in_place = [(j, tuple(t.shape)) for j, t in enumerate(top) if any(t is b for b in bottom)]
         self.layer_setup(bottom, top)
         self.reshape(bottom, top)
+        for j, before in in_place:  # a layer computed in place must not change its blob's shape
+            if tuple(top[j].shape) != before:
+                raise self.error(
+                    f"cannot compute in place: top {j} is also its bottom, and it would reshape that "
+                    f"blob from {before} to {tuple(top[j].shape)}; give the top its own name"
+                )
         self.set_loss_weights(top)
 
     def check_arity(self, bottom, top):

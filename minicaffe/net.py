@@ -601,10 +601,17 @@ class Net:
 
         io.save_weights(self, path)
 
-    def copy_from(self, path):
+    def copy_from(self, path, log=None, strict=False):
+        """Copy parameters by layer name from a .caffemodel or .npz; returns the
+        :class:`~minicaffe.io.WeightsReport` (copied, ignored, missing layers), whose lines go to
+        ``log`` (default: stderr, as Caffe's log, when a layer is ignored or missing)."""
         from . import io
 
-        io.load_weights(self, path)
+        report = io.load_weights(self, path, strict=strict)
+        if log is not None or report.ignored or report.missing:
+            for line in report.lines():
+                (log or io.stderr_log)(line)
+        return report
 
     def __repr__(self):
         return f"<Net '{self.name}' {self.phase}: {len(self.layers)} layers, {len(self.blobs)} blobs>"

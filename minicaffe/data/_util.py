@@ -13,7 +13,6 @@ The cache directory, first that applies:
 import hashlib
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from ..errors import MinicaffeError
@@ -61,23 +60,13 @@ def atomic_write(path, write):
     """Call ``write(fileobj)`` on a temporary file beside ``path``, then rename it over ``path``.
 
     A crash or an error half-way leaves the old ``path`` (or nothing) in place, never a torn file.
+    The one writer of minicaffe (:func:`minicaffe.io.atomic_write`): a cache gets the same
+    permissions as a snapshot or a log, those of any file the user creates (0666 & ~umask).
     """
+    from ..io import atomic_write as _atomic_write
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a cache is readable like any file
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _atomic_write(path, write)
 
 
 class Progress:

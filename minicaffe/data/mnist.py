@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -100,8 +101,10 @@ def load_idx(paths):
     """Read and check the four IDX files -> {"train": (images, labels), "test": (...)}."""
     out = {}
     for split in SPLITS:
-        images = idx.read_idx(paths[(split, "images")])
-        labels = idx.read_idx(paths[(split, "labels")])
+        # bounded by what MNIST can hold (4x, for padded variants), so that a small damaged or
+        # hostile .gz is refused before it is unpacked
+        images = idx.read_idx(paths[(split, "images")], max_bytes=4 * (COUNTS[split] * 28 * 28 + 16))
+        labels = idx.read_idx(paths[(split, "labels")], max_bytes=4 * (COUNTS[split] + 8))
         where = f"{paths[(split, 'images')]}"
         if images.ndim != 3 or images.dtype != np.uint8:
             raise DatasetError(
@@ -165,7 +168,7 @@ def read_cache(path, progress=None):
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {s: (z[f"{s}_images"], z[f"{s}_labels"].astype(np.int64)) for s in SPLITS}
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         say(f"cache {path} cannot be read ({e}); re-fetching")
         return None, None
     return arrays, record

@@ -52,12 +52,20 @@ class Python(Layer):
         cls = getattr(module, p.layer, None)
         if cls is None:
             raise self.error(f"module '{p.module}' has no class '{p.layer}'")
-        if isinstance(cls, type) and issubclass(cls, Layer):
-            impl = cls.__new__(cls)
-            Layer.__init__(impl, param, backend=self.backend, dtype=self.dtype, phase=phase)
-        else:
-            impl = cls()
-            impl.param, impl.name, impl.phase = param, param.name, phase
+        if not isinstance(cls, type):
+            raise self.error(
+                f"python_param.layer: '{p.module}.{p.layer}' is a {type(cls).__name__}, not a class; "
+                f"name the class of the layer (with setup, reshape, forward, backward)"
+            )
+        try:
+            if issubclass(cls, Layer):
+                impl = cls.__new__(cls)
+                Layer.__init__(impl, param, backend=self.backend, dtype=self.dtype, phase=phase)
+            else:
+                impl = cls()
+                impl.param, impl.name, impl.phase = param, param.name, phase
+        except Exception as exc:
+            raise self.error(f"creating '{p.module}.{p.layer}' failed: {type(exc).__name__}: {exc}") from exc
         impl.param_str = p.param_str
         impl.phase = phase
         self.blobs = BlobVec(self)

@@ -74,8 +74,8 @@ _TOKEN_RE = re.compile(
   | (?P<ident>  [A-Za-z_][A-Za-z0-9_]* )
   | (?P<number> 0[xX][0-9A-Fa-f]+
               | (?: [0-9]+ \.? [0-9]* | \.[0-9]+ ) (?: [eE][+-]?[0-9]+ )? [fF]? )
-  | (?P<string> "(?: [^"\\\n] | \\. )*"
-              | '(?: [^'\\\n] | \\. )*' )
+  | (?P<string> "[^"\\\n]* (?: \\. [^"\\\n]* )*"     # unrolled: a run of plain characters per
+              | '[^'\\\n]* (?: \\. [^'\\\n]* )*' )   # step, linear in the string's length
   | (?P<symbol> [{}<>\[\]:;,-] )
 """,
     re.VERBOSE,

@@ -72,13 +72,36 @@ def wire_type_of(field):
 # ---------------------------------------------------------------------------------------------
 
 
-class Decoder:
-    """Reads messages out of one buffer; every position is an absolute byte offset in it."""
+#: protobuf's own default recursion limit; caffe.proto has no recursive message, so real files
+#: nest a few levels (NetParameter > LayerParameter > ConvolutionParameter > FillerParameter).
+MAX_DEPTH = 100
 
-    def __init__(self, data, filename=None):
+
+def message_budget(n_bytes):
+    """How many messages a buffer of ``n_bytes`` may decode into.
+
+    A message costs a few hundred bytes of Python objects, while an empty sub-message costs 2-3
+    bytes of input, so without a budget a 1 MB file of empty records would take ~100 MB.  Real
+    files hold far fewer messages than one per 8 bytes (a caffemodel's bytes are float data).
+    """
+    return 10_000 + n_bytes // 8
+
+
+class Decoder:
+    """Reads messages out of one buffer; every position is an absolute byte offset in it.
+
+    Bounds, so that a small hostile file cannot take much memory or time: sub-messages nest at
+    most ``max_depth`` levels, and at most ``max_messages`` messages are built (default
+    :func:`message_budget` of the buffer's length).  Each is a PrototxtError naming the offset.
+    """
+
+    def __init__(self, data, filename=None, max_depth=MAX_DEPTH, max_messages=None):
         if not isinstance(data, (bytes, bytearray)):
             data = memoryview(data).cast("B")  # any other bytes-like object
         self.data, self.filename = data, filename
+        self.max_depth = max_depth
+        self.max_messages = message_budget(len(data)) if max_messages is None else max_messages
+        self.depth, self.messages = 0, 0
 
     def error(self, message, offset):
         return PrototxtError(f"{message} (at byte offset {offset})", self.filename)
@@ -98,8 +121,68 @@ class Decoder:
             if shift >= 70:
                 raise self.error("corrupted input: a varint longer than 10 bytes", start)
 
+    def read_record(self, pos, end, desc):
+        """One record at ``pos``: (field number, wire type, payload, position after it).
+
+        The payload is the value for a VARINT, else the (start, end) of its bytes: its extent is
+        known from the wire type alone, which is what lets a reader skip what it does not need.
+        """
+        record_start = pos
+        key, pos = self.read_varint(pos, end)
+        number, wire_type = key >> 3, key & 7
+        if number == 0:
+            raise self.error(f"corrupted input: field number 0 in a {desc.name}", record_start)
+        if wire_type == VARINT:
+            payload, pos = self.read_varint(pos, end)
+            return number, wire_type, payload, pos
+        if wire_type in (I64, I32, LEN):
+            if wire_type == LEN:
+                size, pos = self.read_varint(pos, end)
+            else:
+                size = 8 if wire_type == I64 else 4
+            if pos + size > end:
+                known = desc.by_number.get(number)
+                what = f"field {number}" + (f" ('{known.name}')" if known else "")
+                raise self.error(
+                    f"truncated input: {what} of {desc.name} needs {size} bytes but only {end - pos} remain",
+                    record_start,
+                )
+            return number, wire_type, (pos, pos + size), pos + size
+        raise self.error(
+            f"corrupted input: wire type {wire_type} "
+            f"({WIRE_TYPE_NAMES.get(wire_type, 'invalid')}) for field "
+            f"{number} of {desc.name} is not supported",
+            record_start,
+        )
+
+    def records(self, type_name, start, end):
+        """Walk the records of a ``type_name`` in ``data[start:end]`` without building messages:
+        yields (field, wire type, payload, record start); ``field`` is None for unknown numbers."""
+        desc = descriptor(type_name)
+        pos = start
+        while pos < end:
+            record_start = pos
+            number, wire_type, payload, pos = self.read_record(pos, end, desc)
+            yield desc.by_number.get(number), wire_type, payload, record_start
+
     def decode_message(self, type_name, start, end):
         """The message of ``type_name`` stored in ``data[start:end]``."""
+        self.messages += 1
+        if self.messages > self.max_messages:
+            raise self.error(
+                f"corrupted input: more than {self.max_messages} messages in {len(self.data)} bytes "
+                f"(a file of empty records?)",
+                start,
+            )
+        if self.depth >= self.max_depth:
+            raise self.error(f"corrupted input: messages nested deeper than {self.max_depth} levels", start)
+        self.depth += 1
+        try:
+            return self._decode_message(type_name, start, end)
+        finally:
+            self.depth -= 1
+
+    def _decode_message(self, type_name, start, end):
         desc = descriptor(type_name)
         msg = Message(type_name)
         values = msg._values
@@ -107,33 +190,7 @@ class Decoder:
         pos = start
         while pos < end:
             record_start = pos
-            key, pos = self.read_varint(pos, end)
-            number, wire_type = key >> 3, key & 7
-            if number == 0:
-                raise self.error(f"corrupted input: field number 0 in a {type_name}", record_start)
-            # -- read the payload: its extent is known from the wire type alone --
-            if wire_type == VARINT:
-                payload, pos = self.read_varint(pos, end)
-            elif wire_type in (I64, I32, LEN):
-                if wire_type == LEN:
-                    size, pos = self.read_varint(pos, end)
-                else:
-                    size = 8 if wire_type == I64 else 4
-                if pos + size > end:
-                    known = desc.by_number.get(number)
-                    what = f"field {number}" + (f" ('{known.name}')" if known else "")
-                    raise self.error(
-                        f"truncated input: {what} of {type_name} needs {size} bytes but only {end - pos} remain",
-                        record_start,
-                    )
-                payload, pos = (pos, pos + size), pos + size
-            else:
-                raise self.error(
-                    f"corrupted input: wire type {wire_type} "
-                    f"({WIRE_TYPE_NAMES.get(wire_type, 'invalid')}) for field "
-                    f"{number} of {type_name} is not supported",
-                    record_start,
-                )
+            number, wire_type, payload, pos = self.read_record(pos, end, desc)
             field = desc.by_number.get(number)
             if field is None:
                 continue  # a field this schema does not know: skip it

@@ -57,8 +57,8 @@ import time
 import numpy as np
 
 from .. import rng as _rng
-from ..errors import SolverError
-from ..io import atomic_write, save_weights
+from ..errors import MinicaffeError, SolverError, WeightsError
+from ..io import ZIP_MAGIC, atomic_write, file_sha256, open_npz, read_npz_member, save_weights
 from ..layers.data_base import DataLayer
 from ..net import TEST, TRAIN, Net, load_net_param
 from . import caffe_state, lr_policy
@@ -66,6 +66,8 @@ from . import caffe_state, lr_policy
 STATE_FORMAT = "minicaffe-solverstate-1"
 #: what a callback object given to ``Solver.add_callback`` may define (Caffe's Solver::Callback + three)
 CALLBACK_METHODS = ("on_start", "on_gradients_ready", "on_iteration", "on_test_start", "on_test", "on_snapshot")
+MAX_ITER = 2**31 - 1  # Caffe's iteration counter is an int
+MAX_RECORD_BYTES = 64 << 20  # a record holds a loss window, RNG and reader positions: far less
 
 
 def load_solver_param(source):
@@ -462,44 +464,152 @@ class Solver:
         }
 
     def save_state(self, path, weights_path):
+        """Write the solver state; its record carries the sha256 of ``weights_path`` (already
+        written), which :meth:`restore` checks, so a damaged or swapped .caffemodel is refused."""
         record = self.state_record(weights_path)
+        record["weights_sha256"] = file_sha256(weights_path)
         arrays = {"record": np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)}
         for name, hist in zip(self.history_names, self.history):
             for i, h in enumerate(hist):
                 arrays[f"{name}/{i}"] = np.asarray(self.net.backend.to_host(h))
         atomic_write(path, lambda f: np.savez(f, **arrays))
 
+    def read_state(self, state_path):
+        """The record and history arrays of a .solverstate, every field checked against this
+        solver; nothing is changed.  SolverError naming the file and the field otherwise."""
+        if not os.path.exists(state_path):
+            raise SolverError(f"solver state not found: {state_path}")
+        with open(state_path, "rb") as f:
+            magic = f.read(4)
+        if magic != ZIP_MAGIC:
+            raise SolverError(f"{state_path}: not a minicaffe solver state (not an .npz archive)")
+        with open_npz(state_path, SolverError) as zf:
+            members = {m.filename[:-4] if m.filename.endswith(".npy") else m.filename: m for m in zf.infolist()}
+            if "record" not in members:
+                raise SolverError(
+                    f"{state_path} is a weights file, not a solver state (it has no record): give it to "
+                    f"--weights (Net.copy_from) to start from it"
+                )
+            raw = read_npz_member(
+                zf, members["record"], f"{state_path}: record", max_bytes=MAX_RECORD_BYTES, error=SolverError
+            )
+            try:
+                record = json.loads(bytes(raw).decode())
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise SolverError(f"{state_path}: the record is not JSON ({exc})") from None
+            self._check_record(record, state_path)
+            history = []
+            for name, hist in zip(self.history_names, self.history):
+                arrays = []
+                for i, h in enumerate(hist):
+                    key = f"{name}/{i}"
+                    if key not in members:
+                        raise SolverError(
+                            f"{state_path}: history array {key} is missing ({self.type} keeps {len(hist)})"
+                        )
+                    arr = read_npz_member(zf, members[key], f"{state_path}: {key}", error=SolverError)
+                    if arr.shape != tuple(h.shape):
+                        raise SolverError(f"{state_path}: {key} has shape {arr.shape}, the parameter {tuple(h.shape)}")
+                    arrays.append(arr)
+                history.append(arrays)
+        return record, history
+
+    def _check_record(self, record, path):
+        def bad(field, why):
+            return SolverError(f"{path}: the record's {field!r} is {record.get(field)!r}: {why}")
+
+        if not isinstance(record, dict):
+            raise SolverError(f"{path}: the record is not a JSON object")
+        if record.get("format") != STATE_FORMAT:
+            raise SolverError(f"{path}: unknown solver state format {record.get('format')!r}")
+        fields = ("type", "net", "iter", "current_step", "learned_net", "losses", "smoothed_loss", "param_shapes")
+        for field in fields + ("rng", "data"):
+            if field not in record:
+                raise SolverError(f"{path}: the record has no {field!r}")
+        for field in ("type", "net", "learned_net"):
+            if not isinstance(record[field], str):
+                raise bad(field, "expected a string")
+        for field in ("iter", "current_step"):
+            v = record[field]
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_ITER:
+                raise bad(field, f"expected an integer from 0 to {MAX_ITER}")
+        name = record["learned_net"]
+        if not name or name in (".", "..") or os.path.basename(name) != name or "\\" in name:
+            raise bad("learned_net", "expected the file name of the .caffemodel beside the state")
+        losses = record["losses"]
+        if not isinstance(losses, list) or not all(_finite_number(v) for v in losses):
+            raise bad("losses", "expected a list of finite numbers")
+        if not _finite_number(record["smoothed_loss"]):
+            raise bad("smoothed_loss", "expected a finite number")
+        shapes = record["param_shapes"]
+        if not isinstance(shapes, list) or not all(
+            isinstance(sh, list) and all(isinstance(d, int) for d in sh) for sh in shapes
+        ):
+            raise bad("param_shapes", "expected a list of shapes")
+        own = [list(p.shape) for p in self.net.learnable_params]
+        if shapes != own or record["net"] != self.net.name:
+            raise SolverError(
+                f"{path}: the state is of net '{record['net']}' with parameter shapes "
+                f"{shapes}, but this solver trains net '{self.net.name}' with "
+                f"{own}: a snapshot from another net"
+            )
+        if record["type"] != self.type:
+            raise SolverError(f"{path}: the state was written by a {record['type']} solver, this is {self.type}")
+        rng = record["rng"]
+        if not isinstance(rng, dict) or not isinstance(rng.get("bit_generator"), str) or "state" not in rng:
+            raise bad("rng", "expected {bit_generator, state, seed}")
+        gen = _rng.get_rng().bit_generator
+        if rng["bit_generator"] == type(gen).__name__:
+            try:
+                type(gen)().state = rng["state"]  # try it on a scratch generator first
+            except (TypeError, ValueError, KeyError) as exc:
+                raise bad("rng", f"not a {rng['bit_generator']} state ({exc})") from None
+        if not isinstance(record["data"], dict) or not all(isinstance(v, dict) for v in record["data"].values()):
+            raise SolverError(f"{path}: the record's 'data' is not a map of reader positions")
+        digest = record.get("weights_sha256")
+        if digest is not None and not (isinstance(digest, str) and len(digest) == 64):
+            raise bad("weights_sha256", "expected a sha256 in hex")
+
     def restore(self, state_path):
-        """Continue from a .solverstate: weights, history, iteration, RNG and data positions."""
+        """Continue from a .solverstate: weights, history, iteration, RNG and data positions.
+
+        Everything is read and checked first (the record's fields, the history arrays' shapes, the
+        weights file against the sha256 the state recorded, every layer present); only then does
+        anything in the solver change.
+        """
         state_path = os.fspath(state_path)
         if not os.path.exists(state_path):
             raise SolverError(f"solver state not found: {state_path}")
-        if caffe_state.is_caffe_state(state_path):  # one Caffe wrote (see caffe_state.py)
+        if caffe_state.is_caffe_state(state_path):  # not minicaffe's .npz: Caffe's, or the wrong file
+            if _looks_like_weights(state_path):
+                raise SolverError(
+                    f"{state_path} is a weights file, not a solver state: give it to --weights "
+                    f"(Net.copy_from) to start from it; --resume takes the .solverstate a snapshot "
+                    f"writes beside its .caffemodel"
+                )
             return caffe_state.restore(self, state_path)
-        try:
-            z = np.load(state_path, allow_pickle=False)
-            record = json.loads(bytes(z["record"]).decode())
-        except Exception as exc:
-            raise SolverError(f"{state_path}: not a minicaffe solver state ({type(exc).__name__}: {exc})") from None
-        if record.get("format") != STATE_FORMAT:
-            raise SolverError(f"{state_path}: unknown solver state format {record.get('format')!r}")
-        shapes = [list(p.shape) for p in self.net.learnable_params]
-        if record["param_shapes"] != shapes or record["net"] != self.net.name:
-            raise SolverError(
-                f"{state_path}: the state is of net '{record['net']}' with parameter shapes "
-                f"{record['param_shapes']}, but this solver trains net '{self.net.name}' with "
-                f"{shapes}: a snapshot from another net"
-            )
-        if record["type"] != self.type:
-            raise SolverError(f"{state_path}: the state was written by a {record['type']} solver, this is {self.type}")
+        record, history = self.read_state(state_path)
         weights = os.path.join(os.path.dirname(os.path.abspath(state_path)), record["learned_net"])
-        self.net.copy_from(weights)
-        for name, hist in zip(self.history_names, self.history):
-            for i, h in enumerate(hist):
-                h[...] = self.net.backend.from_host(z[f"{name}/{i}"], h.dtype)
+        if not os.path.exists(weights):
+            raise SolverError(f"{state_path}: its weights file {weights} is not there")
+        digest = record.get("weights_sha256")
+        if digest is None:
+            self.log(f"{state_path} records no checksum of its weights (written by an older minicaffe)")
+        elif file_sha256(weights) != digest:
+            raise SolverError(
+                f"{weights}: its sha256 {file_sha256(weights)} does not match the {digest} recorded in the "
+                f"solver state {state_path}: the weights were changed or damaged after the snapshot"
+            )
+        try:
+            self.net.copy_from(weights, strict=True, log=lambda line: None)
+        except WeightsError as exc:
+            raise SolverError(f"resuming from {state_path}: {exc}") from None
+        for arrays, hist in zip(history, self.history):
+            for arr, h in zip(arrays, hist):
+                h[...] = self.net.backend.from_host(arr, h.dtype)
         self.iter = int(record["iter"])
         self.current_step = int(record["current_step"])
-        self.losses = list(record["losses"])
+        self.losses = [float(v) for v in record["losses"]]
         self.smoothed_loss = float(record["smoothed_loss"])
         gen = _rng.get_rng().bit_generator
         if record["rng"]["bit_generator"] == type(gen).__name__:
@@ -513,6 +623,24 @@ class Solver:
         for net in self.test_nets:
             net.share_with(self.net)
         self.log(f"Restored solver state from {state_path} at iteration {self.iter}")
+
+
+def _looks_like_weights(path):
+    """A .caffemodel (by name, or a NetParameter with layers) given where a state is expected."""
+    if path.endswith((".caffemodel", ".caffemodel.h5")):
+        return True
+    from .. import proto
+
+    try:
+        with open(path, "rb") as f:
+            msg = proto.decode(f.read(), "NetParameter", filename=path)
+    except MinicaffeError:  # not a NetParameter: then not weights
+        return False
+    return bool(len(msg.layer) or len(msg.layers))
+
+
+def _finite_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _default_log(message):

@@ -1,0 +1,89 @@
+"""The checks Caffe's CHECKs make on a layer's parameters, as errors that name the field.
+
+Run by :func:`minicaffe.layer.create_layer` before a layer is built, so nonsense is refused where
+it is written, not found later as a NaN loss or a blob that silently changed shape:
+
+- **every float field** a layer sets (``loss_weight``, ``param { lr_mult decay_mult }``, fillers,
+  ``*_param`` settings) must be a finite number: ``nan`` or ``inf`` is never a useful setting
+  (Clip's ``min``/``max`` may be infinite);
+- **shapes** a layer makes (Input, DummyData) have every dimension at least 1;
+- per type, what the layer's arithmetic needs: BatchNorm ``eps > 0`` and
+  ``0 <= moving_average_fraction <= 1``, MVN ``eps >= 0``, InnerProduct ``num_output >= 1``,
+  Data ``1 <= prefetch <= MAX_PREFETCH`` (each prefetched batch is held in memory).
+
+A layer that reshapes a blob it computes in place (Pooling with ``top`` = ``bottom``) is refused
+by :meth:`minicaffe.layer.Layer.setup`, which sees the shapes.
+"""
+
+import math
+
+from .errors import LayerError
+from .proto.schema import descriptor
+
+#: the deepest prefetch queue a Data layer may ask for (Caffe's default is 4, minicaffe's 3)
+MAX_PREFETCH = 64
+
+# float fields that may be infinite (but not NaN)
+_MAY_BE_INFINITE = {("ClipParameter", "min"), ("ClipParameter", "max")}
+
+
+def _walk_floats(msg, path):
+    """Yield (path, value, message type, field name) of every float/double set in ``msg``."""
+    desc = descriptor(msg.type_name)
+    for name, value in msg.fields():
+        field = desc.by_name[name]
+        where = f"{path}.{name}" if path else name
+        if field.kind == "message":
+            if field.repeated:
+                for i, sub in enumerate(value):
+                    yield from _walk_floats(sub, f"{where}[{i}]")
+            else:
+                yield from _walk_floats(value, where)
+        elif field.type in ("float", "double"):
+            if field.repeated:
+                for i, v in enumerate(value):
+                    yield f"{where}[{i}]" if len(value) > 1 else where, float(v), msg.type_name, name
+            else:
+                yield where, float(value), msg.type_name, name
+
+
+def _check_shape(shape_msg, where, error):
+    for i, d in enumerate(shape_msg.dim):
+        if d < 1:
+            raise error(f"{where}: dim {i} is {d}; every dimension of a blob this layer makes must be at least 1")
+
+
+def check_layer_param(lp):
+    """Raise LayerError if ``lp`` (a LayerParameter) asks for something that makes no sense."""
+
+    def error(message):
+        return LayerError(lp.name, lp.type, message)
+
+    for where, value, owner, name in _walk_floats(lp, ""):
+        if math.isnan(value) or (math.isinf(value) and (owner, name) not in _MAY_BE_INFINITE):
+            raise error(f"{where} is {value}: it must be a finite number")
+    if lp.type == "BatchNorm" and lp.has("batch_norm_param"):
+        bn = lp.batch_norm_param
+        if not bn.eps > 0:
+            raise error(f"batch_norm_param.eps is {bn.eps}: it must be positive (it keeps 1/sqrt(var + eps) finite)")
+        if not 0 <= bn.moving_average_fraction <= 1:
+            raise error(
+                f"batch_norm_param.moving_average_fraction is {bn.moving_average_fraction}: it must be in [0, 1]"
+            )
+    elif lp.type == "MVN" and lp.mvn_param.eps < 0:
+        raise error(f"mvn_param.eps is {lp.mvn_param.eps}: it must be >= 0")
+    elif lp.type == "InnerProduct" and lp.inner_product_param.num_output < 1:
+        raise error(f"inner_product_param.num_output is {lp.inner_product_param.num_output}: it must be at least 1")
+    elif lp.type == "Input":
+        for i, shape in enumerate(lp.input_param.shape):
+            _check_shape(shape, f"input_param.shape[{i}]", error)
+    elif lp.type == "DummyData":
+        for i, shape in enumerate(lp.dummy_data_param.shape):
+            _check_shape(shape, f"dummy_data_param.shape[{i}]", error)
+    elif lp.type == "Data" and lp.data_param.has("prefetch"):
+        depth = lp.data_param.prefetch
+        if not 1 <= depth <= MAX_PREFETCH:
+            raise error(
+                f"data_param.prefetch {depth}: the queue of ready batches must hold 1 to {MAX_PREFETCH} "
+                f"(at most {MAX_PREFETCH}; each batch is held in memory; the default is 3)"
+            )
