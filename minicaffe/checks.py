@@ -6,7 +6,8 @@ it is written, not found later as a NaN loss or a blob that silently changed sha
 - **every float field** a layer sets (``loss_weight``, ``param { lr_mult decay_mult }``, fillers,
   ``*_param`` settings) must be a finite number: ``nan`` or ``inf`` is never a useful setting
   (Clip's ``min``/``max`` may be infinite);
-- **shapes** a layer makes (Input, DummyData) have every dimension at least 1;
+- **shapes** a layer makes (Input, DummyData) have every dimension at least 1 and at most
+  2**31 - 1 values in all (Caffe's limit);
 - per type, what the layer's arithmetic needs: BatchNorm ``eps > 0`` and
   ``0 <= moving_average_fraction <= 1``, MVN ``eps >= 0``, InnerProduct ``num_output >= 1``,
   Data ``1 <= prefetch <= MAX_PREFETCH`` (each prefetched batch is held in memory).
@@ -22,6 +23,9 @@ from .proto.schema import descriptor
 
 #: the deepest prefetch queue a Data layer may ask for (Caffe's default is 4, minicaffe's 3)
 MAX_PREFETCH = 64
+
+#: Caffe's Blob::Reshape limit ("blob size exceeds INT_MAX")
+MAX_BLOB_COUNT = 2**31 - 1
 
 # float fields that may be infinite (but not NaN)
 _MAY_BE_INFINITE = {("ClipParameter", "min"), ("ClipParameter", "max")}
@@ -51,6 +55,9 @@ def _check_shape(shape_msg, where, error):
     for i, d in enumerate(shape_msg.dim):
         if d < 1:
             raise error(f"{where}: dim {i} is {d}; every dimension of a blob this layer makes must be at least 1")
+    count = math.prod(shape_msg.dim)
+    if count > MAX_BLOB_COUNT:
+        raise error(f"{where}: {list(shape_msg.dim)} is {count} values; a blob holds at most {MAX_BLOB_COUNT}")
 
 
 def check_layer_param(lp):
@@ -87,3 +94,33 @@ def check_layer_param(lp):
                 f"data_param.prefetch {depth}: the queue of ready batches must hold 1 to {MAX_PREFETCH} "
                 f"(at most {MAX_PREFETCH}; each batch is held in memory; the default is 3)"
             )
+
+
+def explain_nonfinite(net):
+    """Why a loss is not finite, as far as ``net`` shows it: parameters that diverged, or the
+    first blob (in layer order) that holds NaN/inf and the layer that made it."""
+    xp = net.xp
+
+    def finite(a):
+        return bool(xp.isfinite(a).all())
+
+    for name, blobs in net.params.items():
+        bad = [i for i, b in enumerate(blobs) if not finite(b.data)]
+        if bad:
+            return (
+                f"parameter blob(s) {bad} of layer '{name}' hold NaN/inf: the updates diverged "
+                f"(try a smaller base_lr, or clip_gradients)"
+            )
+    for lname, tops in net.top_names.items():
+        for top in tops:
+            if top in net.blobs and not finite(net.blobs[top].data):
+                layer = net.layer_dict[lname]
+                what = "the input data" if not net.bottom_names.get(lname) else f"blob '{top}'"
+                return (
+                    f"the parameters are finite, but {what} made by layer '{lname}' (type {layer.type}) "
+                    f"holds NaN/inf: check that layer's inputs and settings"
+                )
+    return (
+        "the parameters and this net's blobs are finite: the NaN/inf came from a computation they do "
+        "not show (a worker replica's batch, or a loss layer's arithmetic)"
+    )

@@ -51,7 +51,7 @@ MAX_FILE_LAYERS = 100_000
 #: an .npz read without a net to bound it may unpack at most this many times its packed size
 NPZ_MAX_RATIO = 100
 # what reading a damaged zip member raises (a bad CRC-32 is BadZipFile)
-_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, ValueError)
 
 
 # -- writing ----------------------------------------------------------------------------------------

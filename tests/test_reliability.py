@@ -534,3 +534,17 @@ def test_resume_still_bit_exact(toy_solver):
     again.step(3)
     for a, b in zip(full.net.learnable_params, again.net.learnable_params):
         np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_nan_loss_says_where_it_came_from(toy_solver, tmp_path):
+    s = toy_solver()
+    s.net.params["ip2"][0].data[0, 0] = np.inf  # as if the last update diverged
+    with pytest.raises(SolverError, match=r"loss is nan at iteration 0: parameter blob\(s\) \[0\] of layer 'ip2'.*base_lr"):
+        s.step(1)
+    data.register_dataset("rel_nan", np.full((4, 1, 2, 2), np.nan, np.float32), np.zeros(4, np.int64))
+    try:
+        (tmp_path / "toy.prototxt").write_text(SOLVER_NET.replace("rel_toy", "rel_nan"))
+        with pytest.raises(SolverError, match=r"the parameters are finite, but the input data made by layer 'd'"):
+            toy_solver().step(1)
+    finally:
+        data.unregister_dataset("rel_nan")

@@ -57,6 +57,7 @@ import time
 import numpy as np
 
 from .. import rng as _rng
+from ..checks import explain_nonfinite
 from ..errors import MinicaffeError, SolverError, WeightsError
 from ..io import ZIP_MAGIC, atomic_write, file_sha256, open_npz, read_npz_member, save_weights
 from ..layers.data_base import DataLayer
@@ -254,10 +255,7 @@ class Solver:
                 loss += self.forward_backward()
             loss /= p.iter_size
             if not math.isfinite(loss):
-                raise SolverError(
-                    f"loss is {loss} at iteration {self.iter}: training diverged "
-                    f"(try a smaller base_lr, or clip_gradients)"
-                )
+                raise SolverError(f"loss is {loss} at iteration {self.iter}: {explain_nonfinite(self.net)}")
             self._update_smoothed_loss(loss, start_iter, average)
             display = p.display and self.iter % p.display == 0
             if display:
