@@ -66,8 +66,29 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: 
 
 INTERESTING_BYTES = [0x00, 0x01, 0x7F, 0x80, 0xFF, 0xFE, 0x0A, 0x12, 0x1A, 0x22, 0x3A]
 INTERESTING_TOKENS = [
-    "nan", "inf", "-inf", "-1", "0", "1e309", "-1e309", "4294967296", "99999999999999999999", "0x7fffffff",
-    "{", "}", '"', "'", ":", "#", "layer {", 'top: "data"', 'bottom: "data"', "TRAIN", "MAX", "\\x00", "\n",
+    "nan",
+    "inf",
+    "-inf",
+    "-1",
+    "0",
+    "1e309",
+    "-1e309",
+    "4294967296",
+    "99999999999999999999",
+    "0x7fffffff",
+    "{",
+    "}",
+    '"',
+    "'",
+    ":",
+    "#",
+    "layer {",
+    'top: "data"',
+    'bottom: "data"',
+    "TRAIN",
+    "MAX",
+    "\\x00",
+    "\n",
 ]
 INTERESTING_JSON = [-1, -50, 0, 1e30, 2**63, "x", "", [], {}, None, True, [1, 2], {"a": 1}, "../x", float("nan")]
 
@@ -174,7 +195,8 @@ def npy_header_mutate(rng, raw):
         (rng.randint(0, 9), rng.randint(0, 9)),
     ][choice]
     descr = rng.choice(["<f4", "<f8", "|O", "<c8", "|u1", "<f2", "|V8", "<U4"])
-    header = "{'descr': %r, 'fortran_order': %s, 'shape': %r, }" % (descr, rng.choice(["False", "True"]), shape)
+    fortran = rng.choice(["False", "True"])
+    header = "{'descr': " + repr(descr) + ", 'fortran_order': " + fortran + ", 'shape': " + repr(shape) + ", }"
     header = header.ljust(118) + "\n"
     body = members[name]
     payload = body[128:] if body[6:8] == b"\x01\x00" else body
@@ -442,4 +464,3 @@ def summarize(outcomes):
         row["max_s"] = max(row["max_s"], o.seconds)
         row["max_mb"] = max(row["max_mb"], o.peak / 1e6)
     return table
-

@@ -539,7 +539,9 @@ def test_resume_still_bit_exact(toy_solver):
 def test_nan_loss_says_where_it_came_from(toy_solver, tmp_path):
     s = toy_solver()
     s.net.params["ip2"][0].data[0, 0] = np.inf  # as if the last update diverged
-    with pytest.raises(SolverError, match=r"loss is nan at iteration 0: parameter blob\(s\) \[0\] of layer 'ip2'.*base_lr"):
+    with pytest.raises(
+        SolverError, match=r"loss is nan at iteration 0: parameter blob\(s\) \[0\] of layer 'ip2'.*base_lr"
+    ):
         s.step(1)
     data.register_dataset("rel_nan", np.full((4, 1, 2, 2), np.nan, np.float32), np.zeros(4, np.int64))
     try:
