@@ -27,6 +27,10 @@ MAX_PREFETCH = 64
 #: Caffe's Blob::Reshape limit ("blob size exceeds INT_MAX")
 MAX_BLOB_COUNT = 2**31 - 1
 
+#: parameters larger than this in magnitude mean a run has diverged (trained float32 weights are
+#: rarely above 100)
+DIVERGED = 1e8
+
 # float fields that may be infinite (but not NaN)
 _MAY_BE_INFINITE = {("ClipParameter", "min"), ("ClipParameter", "max")}
 
@@ -108,18 +112,22 @@ def explain_nonfinite(net):
         bad = [i for i, b in enumerate(blobs) if not finite(b.data)]
         if bad:
             return (
-                f"parameter blob(s) {bad} of layer '{name}' hold NaN/inf: the updates diverged "
+                f"training diverged: parameter blob(s) {bad} of layer '{name}' hold NaN/inf "
                 f"(try a smaller base_lr, or clip_gradients)"
             )
+    largest = max((float(xp.abs(b.data).max()) for blobs in net.params.values() for b in blobs if b.count), default=0.0)
     for lname, tops in net.top_names.items():
         for top in tops:
             if top in net.blobs and not finite(net.blobs[top].data):
                 layer = net.layer_dict[lname]
                 what = "the input data" if not net.bottom_names.get(lname) else f"blob '{top}'"
-                return (
-                    f"the parameters are finite, but {what} made by layer '{lname}' (type {layer.type}) "
-                    f"holds NaN/inf: check that layer's inputs and settings"
-                )
+                where = f"{what} made by layer '{lname}' (type {layer.type}) holds NaN/inf"
+                if largest > DIVERGED:
+                    return (
+                        f"training diverged: the parameters have grown to |w| = {largest:.3g} and {where} "
+                        f"(try a smaller base_lr, or clip_gradients)"
+                    )
+                return f"the parameters are finite, but {where}: check that layer's inputs and settings"
     return (
         "the parameters and this net's blobs are finite: the NaN/inf came from a computation they do "
         "not show (a worker replica's batch, or a loss layer's arithmetic)"

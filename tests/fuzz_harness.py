@@ -316,7 +316,7 @@ class SolverstateTarget(Target):
     ``Solver.restore`` must refuse it or restore exactly what was saved."""
 
     def __init__(self, tmp, damage="state"):
-        self.name = "solverstate" if damage == "state" else "snapshot-caffemodel"
+        self.name = {"state": "solverstate", "weights": "snapshot-caffemodel", "caffe": "caffe-solverstate"}[damage]
         self.damage = damage
         rng = np.random.default_rng(3)
         data.register_dataset("fuzz_toy", rng.integers(0, 256, (8, 1, 2, 2), dtype=np.uint8), rng.integers(0, 3, 8))
@@ -330,8 +330,12 @@ class SolverstateTarget(Target):
         self.solver = caffe.SGDSolver(solver, log=lambda m: None)
         self.solver.step(2)
         self.weights, self.state = self.solver.snapshot()
+        if damage == "caffe":  # Caffe's binary SolverState (snapshot_format: BINARYPROTO) instead
+            from minicaffe.solvers import caffe_state
+
+            caffe_state.save(self.solver, self.state, self.weights)
         self.saved = self._values()
-        with open(self.state if damage == "state" else self.weights, "rb") as f:
+        with open(self.weights if damage == "weights" else self.state, "rb") as f:
             self.corpus = [f.read()]
         with open(self.weights, "rb") as f:
             self.weights_bytes = f.read()
@@ -346,14 +350,14 @@ class SolverstateTarget(Target):
             [p.data.copy() for p in s.net.learnable_params],
             [h.copy() for hist in s.history for h in hist],
             s.iter,
-            list(s.losses),
+            list(s.losses) if self.damage != "caffe" else [],
         )
 
     def run(self, raw):
         with open(self.weights, "wb") as f:
             f.write(raw if self.damage == "weights" else self.weights_bytes)
         with open(self.state, "wb") as f:
-            f.write(raw if self.damage == "state" else self.state_bytes)
+            f.write(self.state_bytes if self.damage == "weights" else raw)
         s = self.solver
         for p in s.net.learnable_params:  # scribble, so that a restore that skips something shows
             p.data[...] = -7.0
@@ -399,6 +403,7 @@ def make_targets(tmp):
         WeightsTarget(tmp, ".npz"),
         SolverstateTarget(tmp, "state"),
         SolverstateTarget(tmp, "weights"),
+        SolverstateTarget(tmp, "caffe"),
         IdxTarget(tmp, gz=False),
         IdxTarget(tmp, gz=True),
     ]

@@ -540,7 +540,8 @@ def test_nan_loss_says_where_it_came_from(toy_solver, tmp_path):
     s = toy_solver()
     s.net.params["ip2"][0].data[0, 0] = np.inf  # as if the last update diverged
     with pytest.raises(
-        SolverError, match=r"loss is nan at iteration 0: parameter blob\(s\) \[0\] of layer 'ip2'.*base_lr"
+        SolverError,
+        match=r"loss is nan at iteration 0: training diverged: parameter blob\(s\) \[0\] of layer 'ip2'.*base_lr",
     ):
         s.step(1)
     data.register_dataset("rel_nan", np.full((4, 1, 2, 2), np.nan, np.float32), np.zeros(4, np.int64))

@@ -10,6 +10,14 @@ blas.py (BLAS threads), and docs/PARALLEL.md (design, measurements).
 """
 
 from .replica import shard_bounds, shard_sizes, with_synthetic_data
-from .runtime import ParallelTrainer, WorkerError, train_with_workers
+from .runtime import ParallelTrainer, WorkerError, WorkerTimeout, train_with_workers
 
-__all__ = ["ParallelTrainer", "WorkerError", "train_with_workers", "shard_sizes", "shard_bounds", "with_synthetic_data"]
+__all__ = [
+    "ParallelTrainer",
+    "WorkerError",
+    "WorkerTimeout",
+    "train_with_workers",
+    "shard_sizes",
+    "shard_bounds",
+    "with_synthetic_data",
+]

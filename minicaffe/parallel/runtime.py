@@ -32,8 +32,16 @@ SingleCaffe's asynchronous mode); BSP never does.
 
 Faults: an exception in a worker stops the run: the server raises WorkerError (a SolverError that
 names the worker and the iteration, chained to the original) and no snapshot is written after it,
-so the last periodic snapshot is the one kept.  Ctrl-C: the first sets ``solver.requested_stop``
-(the iteration finishes, a snapshot is written, threads stop); a second aborts.
+so the last periodic snapshot is the one kept.  A worker that has not delivered an iteration
+``worker_timeout`` seconds (default 300) after the server asked for it is *hung*: the server
+stops the run, snapshots the last consistent parameters (those after the last completed update:
+workers never write them) and raises WorkerTimeout naming the worker thread and the iteration.
+A non-finite loss names the worker whose shard produced it and where (minicaffe.checks).
+Ctrl-C (or SIGTERM, in the train tool): the first sets ``solver.requested_stop``, which the
+server also sees while it waits for the workers: a finished iteration ends the run normally; an
+iteration stuck in a worker is abandoned, the last consistent parameters are snapshotted, and the
+hung worker is named.  A second Ctrl-C aborts.  A worker thread still busy when the run ends is
+left behind (a daemon thread, reported); that trainer then refuses to run again.
 """
 
 import signal
@@ -58,17 +66,63 @@ class WorkerError(SolverError):
         super().__init__(f"worker {worker} failed at iteration {iteration}: {type(error).__name__}: {error}")
 
 
+class WorkerTimeout(WorkerError):
+    """A worker thread missed its deadline (``worker_timeout``); ``snapshot`` is the state
+    written of the last consistent parameters."""
+
+    def __init__(self, worker, iteration, seconds, thread_name, snapshot=None):
+        self.worker, self.iteration, self.error = worker, iteration, None
+        self.seconds, self.thread_name, self.snapshot = seconds, thread_name, snapshot
+        SolverError.__init__(self, self.describe())
+
+    def describe(self):
+        text = (
+            f"worker {self.worker} ({self.thread_name}) has not finished iteration {self.iteration} within "
+            f"{self.seconds:g} s (worker_timeout): it is hung"
+        )
+        if self.snapshot:
+            text += f"; the parameters after the last completed update are in {self.snapshot}"
+        return text
+
+
+class _Abandoned(Exception):
+    """Raised inside the Solver's loop to leave an iteration the workers cannot finish."""
+
+    def __init__(self, late):
+        self.late = late  # [(worker, thread name, iteration)] not done
+
+
+#: seconds a worker may take for one iteration before it is called hung
+DEFAULT_WORKER_TIMEOUT = 300.0
+#: after a stop request, seconds the server still waits for the iteration under way
+STOP_GRACE = 1.0
+
+
 class ParallelTrainer:
     """Train ``solver``'s net with ``n_workers`` replica threads and this thread as the server.
 
     ``staleness``: 0 = BSP (the default), s > 0 = SSP with bound s.
     ``blas_threads``: BLAS threads per process while training (default cores // n_workers).
     ``recompute``: convolutions recompute im2col in backward (less memory, a little more time).
+    ``worker_timeout``: seconds a worker may take to deliver one iteration (None: no deadline).
     Use ``solve()`` / ``step(n)`` as the Solver's; ``stats()`` says where the time went;
     ``memory_sections()`` feeds minicaffe.memory.report.
     """
 
-    def __init__(self, solver, n_workers=2, staleness=0, blas_threads=None, recompute=False, log=None):
+    def __init__(
+        self,
+        solver,
+        n_workers=2,
+        staleness=0,
+        blas_threads=None,
+        recompute=False,
+        log=None,
+        worker_timeout=DEFAULT_WORKER_TIMEOUT,
+    ):
+        if worker_timeout is not None and not worker_timeout > 0:
+            raise SolverError(f"worker_timeout must be a positive number of seconds (or None), got {worker_timeout}")
+        self.worker_timeout = worker_timeout
+        self._generation, self._left_behind = 0, []
         if n_workers < 1:
             raise SolverError(f"--workers must be at least 1, got {n_workers}")
         if staleness < 0:
@@ -186,14 +240,38 @@ class ParallelTrainer:
         """The Solver's ``solve``, with the gradients computed by the workers."""
         if resume_file:
             self.solver.restore(resume_file)
-        with self._running(self.solver.param.max_iter - self.solver.iter, handle_sigint):
-            self.solver.solve()
+        try:
+            with self._running(self.solver.param.max_iter - self.solver.iter, handle_sigint):
+                self.solver.solve()
+        except _Abandoned as stop:
+            self._end_abandoned(stop, final=self.solver.param.snapshot_after_train)
         return self.solver
 
     def step(self, iters, handle_sigint=False):
-        with self._running(int(iters), handle_sigint):
-            self.solver.step(iters)
+        try:
+            with self._running(int(iters), handle_sigint):
+                self.solver.step(iters)
+        except _Abandoned as stop:
+            self._end_abandoned(stop, final=False)
         return self.solver
+
+    def _end_abandoned(self, stop, final):
+        """After an iteration was abandoned (threads stopped): snapshot the last consistent
+        parameters; raise WorkerTimeout for a missed deadline, else (a stop request) return."""
+        solver = self.solver
+        timed_out = not solver.requested_stop
+        for k, name, it in stop.late:
+            why = "missed its deadline" if timed_out else "was stopped"
+            self.log(
+                f"Run {why} while worker {k} ({name}) had not finished iteration {it}: that iteration is abandoned"
+            )
+        state = None
+        if timed_out or final:
+            state = solver.snapshot()[1]
+        if timed_out:
+            k, name, it = stop.late[0]
+            raise WorkerTimeout(k, it, self.worker_timeout, name, state)
+        self.log("Optimization stopped early.")
 
     def _running(self, iters, handle_sigint):
         trainer = self
@@ -210,6 +288,13 @@ class ParallelTrainer:
 
     def _install(self, iters, handle_sigint):
         solver = self.solver
+        busy = [t.name for t in self._left_behind if t.is_alive()]
+        if busy:
+            raise SolverError(
+                f"{', '.join(busy)} of an earlier run of this trainer is still busy; build a new ParallelTrainer"
+            )
+        self._generation += 1
+        self._delivered = [-1] * self.n  # the last clock each worker delivered
         self._limit = max(0, iters) * self.iter_size
         self._iter0 = solver.iter
         self._clock = 0  # the next clock the server reduces
@@ -252,7 +337,7 @@ class ParallelTrainer:
 
             self._previous_sigint = signal.signal(signal.SIGINT, on_sigint)
         self._threads = [
-            threading.Thread(target=self._worker, args=(k,), name=f"minicaffe-worker-{k}", daemon=True)
+            threading.Thread(target=self._worker, args=(k, self._generation), name=f"minicaffe-worker-{k}", daemon=True)
             for k in range(self.n)
         ]
         self._t0 = time.perf_counter()
@@ -272,8 +357,12 @@ class ParallelTrainer:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
+        deadline = time.perf_counter() + 5.0  # a worker not hung ends within an iteration or so
         for t in self._threads:
-            t.join(timeout=30)
+            t.join(timeout=max(0.0, deadline - time.perf_counter()))
+        self._left_behind = [t for t in self._threads if t.is_alive()]
+        for t in self._left_behind:
+            self.log(f"{t.name} is still busy: it is left behind and ends when its computation returns")
         self._threads = []
         solver.set_gradient_source(None)
         solver.remove_callback(self)
@@ -319,15 +408,25 @@ class ParallelTrainer:
             self._limit = c + 1
         self._fetch_until(c + self.staleness * self.iter_size)
         t0 = time.perf_counter()
+        stop_seen = None
         with self._cv:
             while self._done.get(c, 0) < self.n and self._error is None:
-                self._cv.wait(0.5)
+                now = time.perf_counter()
+                if self.solver.requested_stop and stop_seen is None:
+                    stop_seen = now
+                if (stop_seen is not None and now - stop_seen > STOP_GRACE) or (
+                    self.worker_timeout is not None and now - t0 > self.worker_timeout
+                ):
+                    self._abandon(c)
+                self._cv.wait(0.2)
             if self._error is not None:
                 k, kc, exc = self._error
                 raise WorkerError(k, self._iter0 + kc // self.iter_size, exc) from exc
             losses, outputs = self._losses.pop(c), self._outputs.pop(c)
             del self._done[c], self._batches[c]
         t1 = time.perf_counter()
+        if not np.isfinite(losses).all():
+            self._nonfinite(c, losses)
         slot = c % self.n_slots
         G = self.G
         if self.n == 1:
@@ -343,6 +442,25 @@ class ParallelTrainer:
         self._clock = c + 1
         self._t_return = t2
         return loss
+
+    def _abandon(self, c):
+        """Leave clock ``c``: rewind to the start of its iteration (the reader is rewound there
+        when the threads stop) and unwind the Solver's loop before it updates anything."""
+        it = self._iter0 + c // self.iter_size
+        late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._delivered[k] < c]
+        self._clock = (c // self.iter_size) * self.iter_size
+        raise _Abandoned(late)
+
+    def _nonfinite(self, c, losses):
+        from ..checks import explain_nonfinite
+
+        it = self._iter0 + c // self.iter_size
+        k = next(i for i, v in enumerate(losses) if not np.isfinite(v))
+        lo, hi = self.bounds[self.data_layers[0][1].name][k]
+        raise SolverError(
+            f"loss is {losses[k]} at iteration {it}, from worker {k} (images {lo}..{hi - 1} of the batch): "
+            f"in its replica, {explain_nonfinite(self.replicas[k])}"
+        )
 
     def on_iteration(self, solver, loss, lr):
         """A solver callback: after the Solver applied the update, publish it and fetch ahead."""
@@ -360,7 +478,7 @@ class ParallelTrainer:
         need = (c // self.iter_size - self.staleness) * self.iter_size
         return c in self._batches and self._applied >= need
 
-    def _worker(self, k):
+    def _worker(self, k, generation):
         net, lay = self.replicas[k], self.rep_layouts[k]
         inputs = {layer.name: [net.blobs[t] for t in layer.param.top] for _, layer in self.data_layers}
         out_names = list(net.outputs)
@@ -372,7 +490,7 @@ class ParallelTrainer:
                 with self._cv:
                     while not (self._stop or self._error is not None or self._ready(c)):
                         self._cv.wait(0.5)
-                    if self._stop or self._error is not None:
+                    if self._stop or self._error is not None or generation != self._generation:
                         return
                     batch = self._batches[c]
                     lag = tm["staleness"]
@@ -392,9 +510,12 @@ class ParallelTrainer:
                 outs = {name: np.array(net.blobs[name].data) for name in out_names}
                 t3 = time.perf_counter()
                 with self._cv:
+                    if generation != self._generation or c not in self._done:
+                        return  # a thread left behind by an abandoned run: deliver nothing
                     self._losses[c][k] = loss
                     self._outputs[c][k] = outs
                     self._done[c] += 1
+                    self._delivered[k] = c
                     tm["worker_wait"][k] += t1 - t0
                     tm["worker_copy"][k] += t2 - t1
                     tm["worker_compute"][k] += t3 - t2
