@@ -314,3 +314,29 @@ def test_pycaffe_style_lmdb_writing_with_caffe_io(tmp_path):
     np.testing.assert_array_equal(caffe.io.datum_to_array(d), arrays[1])
     f = caffe.io.datum_to_array(caffe.io.array_to_datum(np.full((1, 2, 2), 0.5)))
     assert f.dtype == np.float64 and f.shape == (1, 2, 2) and (f == 0.5).all()
+
+
+def test_encoded_images_decode_with_opencvs_native_channels():
+    import io
+
+    from minicaffe.data.datum import decode_image
+
+    rng = np.random.default_rng(9)
+    rgba = rng.integers(0, 256, (3, 4, 4), dtype=np.uint8)
+    grey = rng.integers(0, 256, (3, 4), dtype=np.uint8)
+
+    def png(array, mode, fmt="PNG"):
+        buf = io.BytesIO()
+        Image.fromarray(array, mode).save(buf, format=fmt)
+        return buf.getvalue()
+
+    native = decode_image(png(rgba, "RGBA"))  # IMREAD_UNCHANGED: BGRA
+    np.testing.assert_array_equal(native, rgba[:, :, [2, 1, 0, 3]].transpose(2, 0, 1))
+    np.testing.assert_array_equal(decode_image(png(grey, "L")), grey[None])
+    np.testing.assert_array_equal(decode_image(png(grey, "L"), is_color=True), np.stack([grey] * 3))
+    rgb = rgba[:, :, :3].copy()
+    jpeg = png(rgb, "RGB", "JPEG")
+    with Image.open(io.BytesIO(jpeg)) as im:
+        np.testing.assert_array_equal(decode_image(jpeg), bgr(np.asarray(im.convert("RGB"))))
+    with pytest.raises(DatasetError, match="where: cannot decode the image"):
+        decode_image(b"\x89PNG\r\n\x1a\n garbage", "where")

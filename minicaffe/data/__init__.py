@@ -9,6 +9,9 @@
 - :mod:`.transform` Caffe's ``transform_param`` (scale, mean, mirror, crop) on a whole batch
 - :mod:`.reader`    batch order (per-epoch shuffle), seeded determinism, saved state, prefetch thread
 - :mod:`.idx`       the IDX file format
+- :mod:`.datum`     Caffe's Datum records (encode/decode, images decoded with Pillow, BGR)
+- :mod:`.db`        LMDB / LevelDB: open, read in key order, write (Caffe's databases)
+- :mod:`.sources`   data sets read record by record: a Datum database, an image list
 
 The data directory (cache) is ``--data-dir`` / :func:`set_data_dir`, else ``$MINICAFFE_DATA``,
 else ``$XDG_CACHE_HOME/minicaffe``, else ``~/.cache/minicaffe``.  ``python -m minicaffe.data

@@ -4,7 +4,8 @@
 a time; a batch that runs past the end of an epoch continues at the start of the next (as
 Caffe's Data layer wraps around its LMDB cursor).  With ``shuffle`` each epoch visits the images
 in a fresh random order; without, in file order (Caffe's behaviour: it reads the LMDB
-sequentially).  The Data layer shuffles at TRAIN and reads in order at TEST by default.
+sequentially).  The Data layer reads a database in key order at every phase; a named dataset it
+shuffles at TRAIN and reads in order at TEST (by default).
 
 **Determinism.** Every random number is a pure function of the reader's ``seed`` and the position:
 the order of epoch ``e`` comes from ``default_rng([seed, 0, e])``, the random crops and flips of

@@ -77,7 +77,9 @@ class Data(DataLayer):
     def layer_setup(self, bottom, top):
         dp = self.param.data_param
         if not dp.source:
-            raise self.error('data_param { source: ... } is required (a dataset name such as "mnist_train")')
+            raise self.error(
+                'data_param { source: ... } is required (an LMDB/LevelDB path, or a dataset name such as "mnist_train")'
+            )
         if not dp.batch_size:
             raise self.error("data_param { batch_size: ... } is required and must be positive")
         try:
