@@ -340,3 +340,19 @@ def test_encoded_images_decode_with_opencvs_native_channels():
         np.testing.assert_array_equal(decode_image(jpeg), bgr(np.asarray(im.convert("RGB"))))
     with pytest.raises(DatasetError, match="where: cannot decode the image"):
         decode_image(b"\x89PNG\r\n\x1a\n garbage", "where")
+
+
+def test_a_database_converted_again_at_the_same_path_is_read_afresh(tmp_path):
+    import shutil
+
+    db = str(tmp_path / "db")
+    for round_ in range(2):
+        if round_:
+            shutil.rmtree(db)
+        with Writer(db, "LMDB") as w:
+            for i in range(2 + round_):
+                w.put(f"{i:08d}", encode_datum(np.full((1, 2, 2), 10 * round_ + i, np.uint8), i))
+        layer, top = data_layer(db, 3)
+        layer.forward([], top)
+        assert top[0].data[:, 0, 0, 0].tolist() == ([0, 1, 0] if round_ == 0 else [10, 11, 12])
+        layer.stop()

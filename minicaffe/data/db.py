@@ -63,6 +63,16 @@ def detect_backend(path):
     return None
 
 
+def fingerprint(path):
+    """What changes when a database at ``path`` is written or re-created (for caches of its key
+    list): the size, time and inode of LMDB's data.mdb, or of LevelDB's CURRENT and its directory."""
+    p = Path(path)
+    files = [p / "data.mdb"] if (p / "data.mdb").is_file() else [p / "CURRENT", p] if p.is_dir() else [p]
+    stats = [f.stat() for f in files if f.exists()]
+    manifests = sorted(m.name for m in p.glob("MANIFEST-*")) if p.is_dir() else []
+    return tuple((s.st_ino, s.st_size, s.st_mtime_ns) for s in stats) + tuple(manifests)
+
+
 class DB:
     """A read-only view of one database: ``len(db)``, ``db.keys`` (list of bytes), ``db.get(key)``."""
 
@@ -139,7 +149,7 @@ class LevelDBReader(DB):
         super().__init__(path)
         plyvel = _plyvel()
         try:
-            key = os.path.realpath(self.path)
+            key = (os.path.realpath(self.path), os.stat(self.path).st_ino)  # a re-created database: a new handle
             with _envs_lock:  # LevelDB locks its directory: one handle per process, shared
                 if key not in _leveldbs or _leveldbs[key].closed:
                     _leveldbs[key] = plyvel.DB(self.path, create_if_missing=False, max_open_files=100)

@@ -40,7 +40,7 @@ import numpy as np
 from . import cifar10, mnist, synthetic
 from ._util import DatasetError, data_dir
 from .dataset import Dataset
-from .db import detect_backend
+from .db import detect_backend, fingerprint
 
 _user = {}  # name -> Dataset or factory
 _loaded = {}  # (canonical name, data dir) -> Dataset
@@ -139,7 +139,7 @@ def get_dataset(source, backend=None, is_color=None):
     if name not in _user and detect_backend(name):
         from .sources import DatumDBDataset
 
-        key = ("db", str(Path(name).resolve()), is_color)
+        key = ("db", str(Path(name).resolve()), fingerprint(name), is_color)
         with _lock:
             if key not in _loaded:
                 _loaded[key] = DatumDBDataset(name, backend, is_color)
