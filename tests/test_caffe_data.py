@@ -356,3 +356,15 @@ def test_a_database_converted_again_at_the_same_path_is_read_afresh(tmp_path):
         layer.forward([], top)
         assert top[0].data[:, 0, 0, 0].tolist() == ([0, 1, 0] if round_ == 0 else [10, 11, 12])
         layer.stop()
+
+
+def test_a_corrupt_leveldb_names_the_file(tmp_path):
+    pytest.importorskip("plyvel", reason="the data extra (plyvel) is not installed")
+    db = tmp_path / "bad_leveldb"
+    with Writer(str(db), "LEVELDB") as w:
+        w.put("0", encode_datum(np.zeros((1, 2, 2), np.uint8), 0))
+    (db / "CURRENT").write_text("MANIFEST-999999\n")
+    with pytest.raises(
+        LayerError, match=r"LevelDB database '.*bad_leveldb' cannot be read: Corruption: .*corrupt database"
+    ):
+        data_layer(str(db), 1)

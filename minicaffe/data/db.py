@@ -49,6 +49,12 @@ def _plyvel():
     return plyvel
 
 
+def _text(error):
+    """An exception's message as text (plyvel's are bytes)."""
+    arg = error.args[0] if error.args else error
+    return arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+
+
 def detect_backend(path):
     """ "LMDB", "LEVELDB" or None (not a database) for a path, from the files in it."""
     p = Path(path)
@@ -156,14 +162,16 @@ class LevelDBReader(DB):
                 self.db = _leveldbs[key]
             self.keys = list(self.db.iterator(include_value=False))
         except plyvel.Error as e:
-            raise DatasetError(f"LevelDB database '{self.path}' cannot be read: {e}") from None
+            raise DatasetError(
+                f"LevelDB database '{self.path}' cannot be read: {_text(e)} (a corrupt database?)"
+            ) from None
 
     def get(self, key):
         plyvel = _plyvel()
         try:
             value = self.db.get(key)
         except plyvel.Error as e:
-            raise DatasetError(f"{self.where(key)}: cannot be read: {e}") from None
+            raise DatasetError(f"{self.where(key)}: cannot be read: {_text(e)}") from None
         if value is None:
             raise DatasetError(f"{self.where(key)}: the record is gone (was the database changed while open?)")
         return value
