@@ -368,3 +368,18 @@ def test_a_corrupt_leveldb_names_the_file(tmp_path):
         LayerError, match=r"LevelDB database '.*bad_leveldb' cannot be read: Corruption: .*corrupt database"
     ):
         data_layer(str(db), 1)
+
+
+def test_a_truncated_lmdb_is_refused_before_a_page_past_its_end_is_read(tmp_path):
+    """A half-copied data.mdb: reading its pages through the memory map would kill the process
+    with SIGBUS; the meta page says how long the file must be, so the layer refuses it first."""
+    db = tmp_path / "full_lmdb"
+    with Writer(str(db), "LMDB") as w:
+        for i in range(200):
+            w.put(f"{i:08d}", encode_datum(np.full((1, 28, 28), i % 256, np.uint8), 0))
+    cut = tmp_path / "cut_lmdb"
+    cut.mkdir()
+    data = (db / "data.mdb").read_bytes()
+    (cut / "data.mdb").write_bytes(data[: len(data) // 2])
+    with pytest.raises(LayerError, match=r"LMDB database '.*cut_lmdb' is truncated: its pages need \d+ bytes"):
+        data_layer(str(cut), 1)

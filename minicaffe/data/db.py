@@ -129,12 +129,25 @@ class LMDBReader(DB):
         lmdb = _lmdb()
         try:
             self.env = _shared_env(self.path)
+            self._check_size()
             with self.env.begin(buffers=False) as txn:
                 self.keys = list(txn.cursor().iternext(keys=True, values=False))
         except lmdb.Error as e:
             raise DatasetError(
                 f"LMDB database '{self.path}' cannot be read: {e} (a corrupt or unfinished database?)"
             ) from None
+
+    def _check_size(self):
+        """A truncated data.mdb (a half-finished copy) would crash the process (SIGBUS) when a page
+        past its end is read through the memory map: refuse it here, from the meta page's last page."""
+        data = os.path.join(self.path, "data.mdb") if os.path.isdir(self.path) else self.path
+        need = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        have = os.path.getsize(data)
+        if have < need:
+            raise DatasetError(
+                f"LMDB database '{self.path}' is truncated: its pages need {need} bytes, data.mdb has {have} "
+                f"(an unfinished copy?)"
+            )
 
     def get(self, key):
         lmdb = _lmdb()
