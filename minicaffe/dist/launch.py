@@ -157,6 +157,8 @@ def launch_local(argv, args, log_dir=None, log=None):
         shutil.rmtree(log_dir, ignore_errors=True)  # kept only when something went wrong
         return 0
     r, c = first_bad
+    if r == 0 and c == 130:  # Ctrl-C: node 0 stopped every node after the same iteration
+        return 130
     how = f"was killed by {signal.Signals(-c).name}" if c < 0 else f"exited with status {c}"
     log(f"error: node {r} {how}; the run stopped")
     if r != 0:

@@ -107,6 +107,21 @@ def blob_names(net):
     return names
 
 
+class _StopGuard:
+    """Node 0's callback: a stop request (Ctrl-C, SIGTERM) that arrives after this iteration's
+    sync is deferred to the next one, where STOP tells every node to end at the same iteration
+    and the shards send their history for the final snapshot."""
+
+    def __init__(self, node):
+        self.node = node
+
+    def on_iteration(self, solver, loss, lr):
+        node = self.node
+        if solver.requested_stop and node.stop_at is None:
+            solver.requested_stop = False
+            node.pending_stop = True
+
+
 class Node:
     """One node of a distributed run.  Built by ``minicaffe.dist.train`` around the Solver."""
 
@@ -213,6 +228,7 @@ class Node:
         self.hist_requests = set()
         self.hist_pending = 0
         self.stop_at = None
+        self.pending_stop = False
         # what a node other than 0 still waits for from node 0 before its first clock
         self.init_pending = None if self.rank == 0 else {"state": None, "init": self.n_blobs, "hist": None}
         self.extra_handlers = {}
@@ -241,6 +257,7 @@ class Node:
             after_backward=lambda l, net=first: self._layer_end(f"backward {net.layer_names[l]}"),
         )
         self.server = threading.Thread(target=self._serve, name="minicaffe-dist-server", daemon=True)
+        self._stop_guard = _StopGuard(self)
         self._stop_server = False
 
     # -- start-up ----------------------------------------------------------------------------
@@ -249,6 +266,7 @@ class Node:
         self.transport.start(self)
         solver = self.solver
         if self.rank == 0:
+            solver.add_callback(self._stop_guard)
             state = {
                 "iter": solver.iter,
                 "current_step": solver.current_step,
@@ -636,9 +654,10 @@ class Node:
             or (p.test_interval and nxt % p.test_interval == 0)
             or nxt >= p.max_iter
             or solver.requested_stop
+            or self.pending_stop
             or (self.stop_at is not None and nxt >= self.stop_at)
         )
-        if self.rank == 0 and solver.requested_stop and self.stop_at is None:
+        if self.rank == 0 and (solver.requested_stop or self.pending_stop) and self.stop_at is None:
             self.stop_at = nxt
             for dst in range(1, self.world):
                 self.transport.send(dst, F.STOP, 0, nxt)
@@ -686,6 +705,7 @@ class Node:
     # -- the end -------------------------------------------------------------------------------
     def finish(self):
         """Let the server thread drain, say goodbye; -> every node's statistics (on rank 0)."""
+        self._remove_guard()
         with self.cv:
             self._stop_server = True
             self.cv.notify_all()
@@ -700,7 +720,12 @@ class Node:
         return out
 
     def abort(self):
+        self._remove_guard()
         self.transport.shutdown()
+
+    def _remove_guard(self):
+        if self.rank == 0 and any(cb is self._stop_guard for cb in self.solver.callbacks):
+            self.solver.remove_callback(self._stop_guard)
 
     def report(self):
         """Per-layer bytes and waiting, compute vs sync time: for the log and train_log.json."""

@@ -467,8 +467,15 @@ class SocketTransport(Transport):
         self.shutdown()
         return dict(self.byes)
 
-    def shutdown(self):
-        """Stop at once (after a failure): close every socket."""
+    def shutdown(self, flush=1.0):
+        """Stop (after a failure): give the frames already queued (an ABORT saying why) up to
+        ``flush`` seconds to leave, then close every socket."""
+        if flush and getattr(self, "senders", None):
+            for q in self.queues.values():
+                q.put(None)
+            deadline = time.monotonic() + flush
+            for t in self.senders:
+                t.join(max(deadline - time.monotonic(), 0.0))
         self.closing = True
         try:
             self.lsock.close()
