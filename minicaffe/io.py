@@ -165,9 +165,37 @@ def _scan_weights(path, wanted):
     raw = _read_file(path)
     if raw[:4] == ZIP_MAGIC:
         return _scan_npz(path, wanted)
-    if raw[:4] == HDF5_MAGIC:
-        raise WeightsError(f"{path}: HDF5 weights (.caffemodel.h5) are not supported; use a binary .caffemodel or .npz")
+    if raw[:4] == HDF5_MAGIC:  # Caffe's .caffemodel.h5 (snapshot_format: HDF5), read by solvers/caffe_state.py
+        from .solvers.caffe_state import read_h5_weights
+
+        return _fit_arrays(read_h5_weights(path), path, wanted)
     return _scan_caffemodel(raw, path, wanted)
+
+
+def _fit_arrays(layers, path, wanted):
+    """{layer: [arrays]} of a reader that decodes everything, checked against ``wanted`` as the
+    scanners check their blobs -> (arrays, names)."""
+    if wanted is None:
+        return layers, list(layers)
+    arrays = {}
+    for lname, blobs in layers.items():
+        if lname not in wanted:
+            continue
+        if len(blobs) != len(wanted[lname]):
+            raise WeightsError(
+                f"{path}: layer '{lname}' has {len(blobs)} parameter blob(s) in the file but {len(wanted[lname])} in the net"
+            )
+        out = []
+        for i, a in enumerate(blobs):
+            target = _blob_fits(wanted, lname, i, tuple(a.shape))
+            if target is False:
+                raise WeightsError(
+                    f"{path}: layer '{lname}' blob {i}: the file has shape {tuple(a.shape)} but the net expects "
+                    f"{tuple(wanted[lname][i])}"
+                )
+            out.append(a.reshape(target))
+        arrays[lname] = out
+    return arrays, list(layers)
 
 
 def _blob_fits(wanted, lname, i, shape):

@@ -175,3 +175,72 @@ def test_the_train_tool_writes_and_resumes_caffes_state(tmp_path, monkeypatch):
     assert train.last_snapshot(str(out)) == str(state)  # a complete snapshot the tool may resume from
     assert train.main(["solver.prototxt", "--output", str(out), "--resume", str(state), "--no-plot"]) == 0
     assert decode_state((out / "toy_iter_6.solverstate").read_bytes())["iter"] == 6
+
+
+def write_caffe_h5_snapshot(solver, directory, iteration):
+    """What Caffe writes with snapshot_format: HDF5 (Net::ToHDF5, SnapshotSolverStateToHDF5),
+    written here with h5py from a minicaffe solver's weights and history."""
+    h5py = pytest.importorskip("h5py", reason="the data extra (h5py) is not installed")
+    weights = str(directory / f"snap_iter_{iteration}.caffemodel.h5")
+    state = str(directory / f"snap_iter_{iteration}.solverstate.h5")
+    with h5py.File(weights, "w") as f:
+        data = f.create_group("data")
+        for name, layer in zip(solver.net.layer_names, solver.net.layers):
+            group = data.create_group(name)  # every layer has a group, with or without blobs
+            for j, blob in enumerate(layer.blobs):
+                group[str(j)] = np.asarray(blob.data, dtype=np.float32)
+    with h5py.File(state, "w") as f:
+        f["iter"] = np.int32(iteration)  # H5LTmake_dataset_int: a scalar
+        name = weights.encode() + b"\0"  # H5LTmake_dataset_string: fixed length, NUL-terminated
+        f.create_dataset("learned_net", data=np.array(name, dtype=f"S{len(name)}"))
+        f["current_step"] = np.int32(solver.current_step)
+        history = f.create_group("history")
+        for k, h in enumerate(h for hist in solver.history for h in hist):
+            history[str(k)] = np.asarray(h, dtype=np.float32)
+    return weights, state
+
+
+@pytest.mark.parametrize("solver_type", ["SGD", "Adam"])
+def test_caffes_hdf5_snapshot_resumes(tmp_path, solver_type):
+    from minicaffe.net import Net
+
+    path = write_solver(tmp_path, solver_type, fmt="snapshot_format: HDF5")
+    a = get_solver(path, log=lambda m: None)
+    a.step(5)
+    weights, state = write_caffe_h5_snapshot(a, tmp_path, 5)
+    b = get_solver(path, log=lambda m: None)
+    b.restore(state)
+    assert (b.iter, b.current_step) == (5, 2)
+    for pa, pb in zip(a.net.learnable_params, b.net.learnable_params):
+        np.testing.assert_array_equal(pa.data, pb.data)
+    for ha, hb in zip(a.history, b.history):
+        for x, y in zip(ha, hb):
+            np.testing.assert_array_equal(x, y)
+    from minicaffe.tools import train
+
+    assert train.resolve_resume_arg(state) == state  # --resume takes it
+    train.check_weights_arg(weights)  # --weights takes the .caffemodel.h5
+    net = Net(str(tmp_path / "net.prototxt"), "TEST", weights=weights)  # the .caffemodel.h5 alone
+    np.testing.assert_array_equal(net.params["ip1"][0].data, a.net.params["ip1"][0].data)
+
+
+def test_bad_hdf5_snapshots_name_the_file(tmp_path):
+    import h5py
+
+    from minicaffe.errors import WeightsError
+    from minicaffe.net import Net
+
+    path = write_solver(tmp_path, "SGD")
+    sgd = get_solver(path, log=lambda m: None)
+    with h5py.File(tmp_path / "bad.solverstate.h5", "w") as f:
+        f["current_step"] = 0
+    with pytest.raises(SolverError, match=r"bad.solverstate.h5: not a Caffe HDF5 solver state \(no iter or history"):
+        sgd.restore(str(tmp_path / "bad.solverstate.h5"))
+    with h5py.File(tmp_path / "w.caffemodel.h5", "w") as f:
+        f.create_group("data").create_group("ip1")["0"] = np.zeros((2, 2), np.float32)
+        f["data/ip1/1"] = np.zeros(5, np.float32)
+    with pytest.raises(
+        WeightsError,
+        match=r"w.caffemodel.h5: layer 'ip1' blob 0: the file has shape \(2, 2\) but the net expects \(5, 9\)",
+    ):
+        Net(str(tmp_path / "net.prototxt"), "TEST", weights=str(tmp_path / "w.caffemodel.h5"))

@@ -28,7 +28,11 @@ writes its own state; ``snapshot_format: BINARYPROTO`` written out in the solver
 default value, set explicitly) writes Caffe's SolverState.  ``HDF5`` is not written (Caffe's HDF5
 snapshot also needs HDF5 weights, ``.caffemodel.h5``): the snapshot is minicaffe's own, with a
 line in the log saying so.
-Reading detects the format from the file's first bytes.
+Reading detects the format from the file's first bytes, and reads Caffe's HDF5 snapshots too
+(``snapshot_format: HDF5``, what Caffe's cifar10_full solvers write): the ``.solverstate.h5``
+(datasets ``iter``, ``learned_net``, ``current_step``, group ``history`` of datasets ``0..n-1``)
+by :func:`read_h5_state`, its ``.caffemodel.h5`` weights (group ``data/<layer>/<blob index>``, as
+``Net::ToHDF5`` writes them) by :func:`read_h5_weights`, which ``minicaffe.io`` calls.
 """
 
 import os
@@ -62,12 +66,75 @@ def is_caffe_state(path):
     """True when ``path`` is not minicaffe's own (.npz) state: then it is read as Caffe's."""
     with open(path, "rb") as f:
         head = f.read(8)
-    if head.startswith(_HDF5_MAGIC):
-        raise SolverError(
-            f"{path}: an HDF5 solver state (Caffe's snapshot_format: HDF5) is not supported; resume Caffe "
-            f"once with snapshot_format: BINARYPROTO, or start from its weights"
-        )
     return not head.startswith(_ZIP_MAGIC)
+
+
+def _h5py(path):
+    try:
+        import h5py
+    except ImportError:
+        raise SolverError(
+            f"{path}: Caffe's HDF5 snapshots need h5py: pip install h5py (or 'minicaffe[data]')"
+        ) from None
+    return h5py
+
+
+def read_h5_state(path):
+    """Caffe's HDF5 solver state (SnapshotSolverStateToHDF5) -> the dict of :func:`decode_state`."""
+    h5py = _h5py(path)
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in ("iter", "history") if k not in f]
+            if missing:
+                raise SolverError(
+                    f"{path}: not a Caffe HDF5 solver state (no {' or '.join(missing)}; it has {list(f)})"
+                )
+            history_group = f["history"]
+            count = len(history_group)
+            names = sorted(history_group.keys(), key=lambda k: int(k) if k.isdigit() else -1)
+            if names != [str(i) for i in range(count)]:
+                raise SolverError(f"{path}: history datasets {names}; expected 0..{count - 1}")
+            learned = None
+            if "learned_net" in f:
+                learned = f["learned_net"][()]
+                learned = (learned.decode("utf-8", "replace") if isinstance(learned, bytes) else str(learned)).rstrip(
+                    "\0"
+                )
+            return {
+                "iter": int(f["iter"][()]),
+                "current_step": int(f["current_step"][()]) if "current_step" in f else 0,
+                "learned_net": learned,
+                "history": [np.asarray(history_group[str(i)][...]) for i in range(count)],
+            }
+    except OSError as e:
+        raise SolverError(f"{path}: cannot read the HDF5 solver state ({e})") from None
+
+
+def read_h5_weights(path):
+    """Caffe's HDF5 weights (``.caffemodel.h5``, Net::ToHDF5): {layer name: [arrays]}, every layer
+    of group ``data`` in file order, blobs ``0..k-1``.  Raises WeightsError naming what is wrong."""
+    from ..errors import WeightsError
+
+    try:
+        import h5py
+    except ImportError:
+        raise WeightsError(f"{path}: HDF5 weights need h5py: pip install h5py (or 'minicaffe[data]')") from None
+    out = {}
+    try:
+        with h5py.File(path, "r") as f:
+            if not isinstance(f.get("data"), h5py.Group):
+                raise WeightsError(f"{path}: not Caffe's HDF5 weights (no group 'data'; it has {list(f)})")
+            for lname, group in f["data"].items():
+                if not isinstance(group, h5py.Group):
+                    raise WeightsError(f"{path}: data/{lname} is not a group of blobs")
+                keys = sorted(group.keys(), key=lambda k: int(k) if k.isdigit() else -1)
+                if keys != [str(i) for i in range(len(keys))]:
+                    raise WeightsError(f"{path}: layer '{lname}' has blobs {keys}; expected 0..{len(keys) - 1}")
+                if keys:
+                    out[lname] = [np.asarray(group[k][...]) for k in keys]
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot read the HDF5 weights ({e})") from None
+    return out
 
 
 def is_complete_caffe_state(path):
@@ -76,8 +143,11 @@ def is_complete_caffe_state(path):
     try:
         with open(path, "rb") as f:
             data = f.read()
-        if not data or data.startswith((_ZIP_MAGIC, _HDF5_MAGIC)):
+        if not data or data.startswith(_ZIP_MAGIC):
             return False
+        if data.startswith(_HDF5_MAGIC):
+            read_h5_state(path)
+            return True
         from .. import proto
 
         return proto.decode(data, "SolverState").has("iter")
@@ -149,7 +219,8 @@ def _find_weights(learned_net, state_path):
 def restore(solver, path):
     """Continue ``solver`` from Caffe's SolverState at ``path`` (see the module docstring)."""
     with open(path, "rb") as f:
-        state = decode_state(f.read(), path)
+        data = f.read()
+    state = read_h5_state(path) if data.startswith(_HDF5_MAGIC) else decode_state(data, path)
     params = solver.net.learnable_params
     want = len(solver.history_names) * len(params)
     if len(state["history"]) != want:
