@@ -397,6 +397,13 @@ def test_pooling_gather_is_deterministic(L):
     assert_equal(runs[1], runs[0], kernel="ave_pool_bwd (second run)", version="v2_gather")
 
 
+def test_gpu_benchmark_checks_every_version_first(L):
+    """The GPU benchmark's own check (it runs before anything is timed) passes on every family."""
+    from kernels.cuda import bench
+
+    bench.check_small(L)
+
+
 # -- the version switch ------------------------------------------------------------------------------------------
 def test_versions_tables_and_switch(L):
     import kernels.cuda as kc

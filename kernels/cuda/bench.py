@@ -168,19 +168,117 @@ def bench_streams(L, timer, size, families):
         row(name, v, t, nbytes / t / 1e9, "GB/s", nbytes / t / 1e9 / peak, "of copy")
 
 
-def check_small(L):
-    """Every non-GEMM version against its reference on a small case, before timing."""
-    cp = L.xp
-    from kernels.softmax import softmax_fwd_reference
+def check_small(L, families=("gemm", "im2col", "pooling", "softmax", "elementwise", "sgd")):
+    """Every version of every public function of ``families`` against the CPU files' float64
+    references on a small odd-sized case, before anything is timed (a wrong kernel is never
+    reported as fast).  Works with any launcher: tests/test_cuda_kernels.py runs it in the
+    simulator, where the full per-version tests also live."""
+    xp = L.xp
+    rng = np.random.default_rng(2)
+    f32 = np.float32
 
-    from . import softmax
+    def dev(a):
+        return xp.array(np.ascontiguousarray(a), copy=True)
 
-    x = np.random.default_rng(2).standard_normal((7, 13, 3)).astype(np.float32)
-    for v, f in softmax.VERSIONS["softmax_fwd"].items():
-        y = cp.empty(x.shape, np.float32)
-        f(L, cp.asarray(x), y)
-        check(np.allclose(cp.asnumpy(y), softmax_fwd_reference(x), rtol=1e-5, atol=1e-6), f"softmax_fwd {v}")
-    # (the full per-version checks are tests/test_cuda_kernels.py, run on a GPU with -m gpu)
+    def host(a):
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+    def close(got, ref, what, tol=1e-4):
+        check(np.allclose(host(got), ref, rtol=tol, atol=tol), what)
+
+    if "gemm" in families:
+        from kernels.gemm import gemm_reference
+
+        from . import gemm
+
+        a, b = rng.standard_normal((9, 7)).astype(f32), rng.standard_normal((9, 5)).astype(f32)
+        for v, f in gemm.VERSIONS["gemm"].items():
+            c = dev(np.zeros((7, 5), f32))
+            f(L, True, False, 1.0, dev(a), dev(b), 0.0, c)
+            close(c, gemm_reference(True, False, 1.0, a, b, 0.0, None), f"gemm {v}")
+    if "im2col" in families:
+        from kernels.im2col import col2im_reference, im2col_reference
+
+        from . import im2col
+
+        x = rng.standard_normal((2, 3, 7, 6)).astype(f32)
+        geo = (3, 3, 1, 1, 2, 1, 1, 1)
+        ref = im2col_reference(x, *geo)
+        for v, f in im2col.VERSIONS["im2col"].items():
+            col = dev(np.zeros(ref.shape, f32))
+            f(L, dev(x), *geo, col)
+            close(col, ref, f"im2col {v}")
+        for v, f in im2col.VERSIONS["col2im"].items():
+            xo = dev(np.zeros(x.shape, f32))
+            f(L, dev(ref.astype(f32)), *geo, xo)
+            close(xo, col2im_reference(ref, *geo, x.shape), f"col2im {v}")
+    if "pooling" in families:
+        from kernels.pooling import REFERENCES as R
+
+        from . import pooling
+
+        x = rng.standard_normal((2, 3, 7, 7)).astype(f32)
+        g = (3, 3, 2, 2, 1, 1)
+        ys, ms = R["max_pool_fwd"](x, *g, 4, 4)
+        dy = rng.standard_normal((2, 3, 4, 4)).astype(f32)
+        for v, f in pooling.VERSIONS["max_pool_fwd"].items():
+            y, m = dev(np.zeros(ys.shape, f32)), dev(np.zeros(ys.shape, np.int32))
+            f(L, dev(x), *g, y, m)
+            close(y, ys, f"max_pool_fwd {v}")
+            check(np.array_equal(host(m), ms), f"max_pool_fwd {v} mask")
+        for v, f in pooling.VERSIONS["max_pool_bwd"].items():
+            dx = dev(np.zeros(x.shape, f32))
+            f(L, dev(dy), dev(ms), *g, dx)
+            close(dx, R["max_pool_bwd"](dy, ms, x.shape), f"max_pool_bwd {v}")
+        for v, f in pooling.VERSIONS["ave_pool_fwd"].items():
+            y = dev(np.zeros(ys.shape, f32))
+            f(L, dev(x), *g, y)
+            close(y, R["ave_pool_fwd"](x, *g, 4, 4), f"ave_pool_fwd {v}")
+        for v, f in pooling.VERSIONS["ave_pool_bwd"].items():
+            dx = dev(np.zeros(x.shape, f32))
+            f(L, dev(dy), *g, dx)
+            close(dx, R["ave_pool_bwd"](dy, *g, x.shape), f"ave_pool_bwd {v}")
+    if "softmax" in families:
+        from kernels.softmax import softmax_bwd_reference, softmax_fwd_reference
+
+        from . import softmax
+
+        x = rng.standard_normal((7, 13, 3)).astype(f32)
+        y = softmax_fwd_reference(x).astype(f32)
+        dy = rng.standard_normal(x.shape).astype(f32)
+        for v, f in softmax.VERSIONS["softmax_fwd"].items():
+            out = dev(np.zeros(x.shape, f32))
+            f(L, dev(x), out)
+            close(out, softmax_fwd_reference(x), f"softmax_fwd {v}", 1e-5)
+        for v, f in softmax.VERSIONS["softmax_bwd"].items():
+            out = dev(np.zeros(x.shape, f32))
+            f(L, dev(y), dev(dy), out)
+            close(out, softmax_bwd_reference(y, dy), f"softmax_bwd {v}", 1e-5)
+    if "elementwise" in families:
+        from kernels.elementwise import REFERENCES as R
+
+        from . import elementwise
+
+        x = rng.uniform(-3, 3, 37).astype(f32)
+        dy = rng.standard_normal(37).astype(f32)
+        for fn in elementwise.VERSIONS:
+            args = {"relu_fwd": (x, 0.1), "relu_bwd": (x, dy, 0.1)}.get(fn, (x,) if fn.endswith("fwd") else (x, dy))
+            for v, f in elementwise.VERSIONS[fn].items():
+                out = dev(np.zeros(37, f32))
+                f(L, *[dev(a) if isinstance(a, np.ndarray) else a for a in args], out)
+                close(out, R[fn](*args), f"{fn} {v}")
+    if "sgd" in families:
+        from kernels.sgd import sgd_step_reference
+
+        from . import sgd
+
+        w, g, h = (rng.standard_normal(29).astype(f32) for _ in range(3))
+        wr, hr = sgd_step_reference(w, g, h, 0.9, 0.01, 5e-4)
+        for v, f in sgd.VERSIONS["sgd_step"].items():
+            wd, hd = dev(w), dev(h)
+            f(L, wd, dev(g), hd, 0.9, 0.01, 5e-4)
+            close(wd, wr, f"sgd_step {v} w")
+            close(hd, hr, f"sgd_step {v} h")
 
 
 def main(argv=None):
@@ -216,7 +314,8 @@ def main(argv=None):
     )
     timer = Timer(cupy, repeat=args.repeat)
     families = args.family or ["gemm", "im2col", "pooling", "softmax", "elementwise", "sgd"]
-    check_small(L)
+    check_small(L, families)
+    print("# every version of " + ", ".join(families) + " checked against its float64 reference")
     if "gemm" in families:
         bench_gemm(L, timer, args.size)
     rest = [f for f in families if f != "gemm"]
