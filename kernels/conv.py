@@ -8,8 +8,14 @@ time goes):
         x (N, C, H, W), w (M, C, kh, kw), bias (M,) or (0,) for none, y (N, M, OH, OW)
         y[n, m, oh, ow] = bias[m] + sum_{c,i,j} w[m,c,i,j] * x[n, c, oh*sh-ph+i*dh, ow*sw-pw+j*dw]
         (zero outside the image; OH, OW with Caffe's floor rounding; no groups)
+    conv_bwd_data(dy, w, ph, pw, sh, sw, dh, dw, dx)
+        dy (N, M, OH, OW), w (M, C, kh, kw), dx (N, C, H, W) OVERWRITTEN: the gradient to the
+        input, dx = col2im(W^T @ dY) -- each dy value spread back over the inputs it read
 
-Versions:
+Versions (conv_bwd_data has v1_naive, v3_im2col_blas and v4_implicit, the same ideas run
+backwards: its v3 is BLAS's W^T @ dY into a dcol workspace, then col2im; its v4 computes dcol
+KB rows at a time into an L2-sized buffer and col2im's them into dx at once, so dcol is never
+written either):
   v1_naive        the definition: seven nested loops, a bounds test per multiply-add.
   v2_direct       loops turned so the innermost runs along an output row: y[n,m,oh,:] +=
                   w[m,c,i,j] * x[n,c,ih, (ow*sw + j*dw - pw)] over the valid ow range, hoisted
@@ -41,7 +47,7 @@ from . import _versions
 from . import gemm as _gemm
 from . import im2col as _im2col
 
-__all__ = ["conv_fwd", "conv_fwd_reference", "VERSIONS", "DEFAULTS", "use"]
+__all__ = ["conv_fwd", "conv_bwd_data", "conv_fwd_reference", "conv_bwd_data_reference", "VERSIONS", "DEFAULTS", "use"]
 
 
 def conv_fwd_reference(x, w, bias, ph, pw, sh, sw, dh, dw):
@@ -62,6 +68,22 @@ def conv_fwd_reference(x, w, bias, ph, pw, sh, sw, dh, dw):
     if np.size(bias):
         y += np.asarray(bias, dtype=np.float64)[None, :, None, None]
     return y
+
+
+def conv_bwd_data_reference(dy, w, ph, pw, sh, sw, dh, dw, x_shape):
+    """float64 dx: the adjoint of conv_fwd_reference, tap by tap (independent of col2im)."""
+    dy = np.asarray(dy, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    N, C, H, W = x_shape
+    M, _, kh, kw = w.shape
+    OH, OW = dy.shape[2], dy.shape[3]
+    dxp = np.zeros((N, C, H + 2 * ph, W + 2 * pw))
+    for i in range(kh):
+        for j in range(kw):
+            dxp[:, :, i * dh : i * dh + sh * (OH - 1) + 1 : sh, j * dw : j * dw + sw * (OW - 1) + 1 : sw] += np.einsum(
+                "nmhw,mc->nchw", dy, w[:, :, i, j]
+            )
+    return dxp[:, :, ph : ph + H, pw : pw + W]
 
 
 @njit(nogil=True, cache=True)
@@ -226,6 +248,91 @@ def conv_fwd_v5_implicit_prange(x, w, bias, ph, pw, sh, sw, dh, dw, y):
         _implicit_images(x, w2, bias, kh, kw, ph, pw, sh, sw, dh, dw, oh_rng, ow_rng, n0, min(n0 + per, N), buf, out, y)
 
 
+# -- conv_bwd_data: the gradient to the input ---------------------------------------------------------
+@njit(nogil=True, cache=True)
+def conv_bwd_data_v1_naive(dy, w, ph, pw, sh, sw, dh, dw, dx):
+    N, C, H, W, M, kh, kw, OH, OW = _geometry(dx, w, ph, pw, sh, sw, dh, dw, dy)
+    dx[...] = 0
+    for n in range(N):
+        for m in range(M):
+            for oh in range(OH):
+                for ow in range(OW):
+                    g = dy[n, m, oh, ow]
+                    for c in range(C):
+                        for i in range(kh):
+                            for j in range(kw):
+                                ih = oh * sh - ph + i * dh
+                                iw = ow * sw - pw + j * dw
+                                if 0 <= ih < H and 0 <= iw < W:
+                                    dx[n, c, ih, iw] += w[m, c, i, j] * g
+
+
+def conv_bwd_data_v3_im2col_blas(dy, w, ph, pw, sh, sw, dh, dw, dx):
+    """dcol = W^T @ dY (BLAS, dY moved to (M, N*OH*OW) first), then col2im (the default numba
+    kernel): what the engine's ConvolutionLayer does."""
+    N, M, OH, OW = dy.shape
+    _, C, kh, kw = w.shape
+    dym = np.ascontiguousarray(dy.reshape(N, M, OH * OW).transpose(1, 0, 2)).reshape(M, N * OH * OW)
+    dcol = np.empty((C * kh * kw, N * OH * OW), dx.dtype)
+    _gemm.gemm_blas(True, False, 1.0, w.reshape(M, C * kh * kw), dym, 0.0, dcol)
+    _im2col.col2im(dcol, kh, kw, ph, pw, sh, sw, dh, dw, dx)
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _implicit_bwd_images(dy, w2, kh, kw, ph, pw, sh, sw, dh, dw, oh_rng, ow_rng, n0, n1, dyb, buf, dx):
+    """dx[n0:n1] from dy[n0:n1]: dY's block packed as (M, nb) in ``dyb``, then per KB rows of
+    dcol: buf = W^T[rows] @ dyb (the AXPY kernel), put back into dx at once (col2im's tap)."""
+    N, C, H, W = dx.shape
+    M, K = w2.shape
+    OH, OW = dy.shape[2], dy.shape[3]
+    P = OH * OW
+    nb = (n1 - n0) * P
+    stride = buf.shape[1]
+    for n in range(n0, n1):  # pack dY's block: (images, M, P) -> (M, images * P)
+        for m in range(M):
+            dyb[m, (n - n0) * P : (n - n0 + 1) * P] = dy[n, m].reshape(P)
+        dx[n] = 0
+    xf = dx.reshape(dx.size)
+    bf = buf.reshape(buf.size)
+    for p0 in range(0, K, _KB):
+        p1 = min(p0 + _KB, K)
+        buf[: p1 - p0, :nb] = 0
+        _gemm._axpy_block(buf.dtype.type(1), w2[:, p0:p1], True, dyb, buf, 0, nb, 0, M)
+        for r in range(p0, p1):  # the epilogue: col2im of these rows, while they are in cache
+            c = r // (kh * kw)
+            i = (r // kw) % kh
+            j = r % kw
+            for n in range(n0, n1):
+                s0 = (n * C + c) * H * W + (i * dh - ph) * W + (j * dw - pw)
+                _im2col._col2im_tap_flat(
+                    bf,
+                    (r - p0) * stride + (n - n0) * P,
+                    xf,
+                    s0,
+                    sh,
+                    sw,
+                    W,
+                    OW,
+                    oh_rng[i, 0],
+                    oh_rng[i, 1],
+                    ow_rng[j, 0],
+                    ow_rng[j, 1],
+                )
+
+
+@njit(nogil=True, cache=True)
+def conv_bwd_data_v4_implicit(dy, w, ph, pw, sh, sw, dh, dw, dx):
+    per, oh_rng, ow_rng = _implicit_setup(dx, w, ph, pw, sh, sw, dh, dw, dy)
+    M, C, kh, kw = w.shape
+    N = dx.shape[0]
+    P = dy.shape[2] * dy.shape[3]
+    w2 = w.reshape(M, C * kh * kw)
+    dyb = np.empty((M, per * P), dx.dtype)
+    buf = np.empty((min(_KB, C * kh * kw), per * P), dx.dtype)
+    for n0 in range(0, N, per):
+        _implicit_bwd_images(dy, w2, kh, kw, ph, pw, sh, sw, dh, dw, oh_rng, ow_rng, n0, min(n0 + per, N), dyb, buf, dx)
+
+
 VERSIONS = {
     "conv_fwd": {
         "v1_naive": conv_fwd_v1_naive,
@@ -233,16 +340,22 @@ VERSIONS = {
         "v3_im2col_blas": conv_fwd_v3_im2col_blas,
         "v4_implicit": conv_fwd_v4_implicit,
         "v5_implicit_prange": conv_fwd_v5_implicit_prange,
-    }
+    },
+    "conv_bwd_data": {
+        "v1_naive": conv_bwd_data_v1_naive,
+        "v3_im2col_blas": conv_bwd_data_v3_im2col_blas,
+        "v4_implicit": conv_bwd_data_v4_implicit,
+    },
 }
-DEFAULTS = {"conv_fwd": "v3_im2col_blas"}
-REFERENCES = {"conv_fwd": conv_fwd_reference}
+DEFAULTS = {"conv_fwd": "v3_im2col_blas", "conv_bwd_data": "v3_im2col_blas"}
+REFERENCES = {"conv_fwd": conv_fwd_reference, "conv_bwd_data": conv_bwd_data_reference}
 
 conv_fwd = VERSIONS["conv_fwd"][DEFAULTS["conv_fwd"]]
+conv_bwd_data = VERSIONS["conv_bwd_data"][DEFAULTS["conv_bwd_data"]]
 
 
 def use(version):
-    """Bind conv_fwd to ``version`` (or "default")."""
+    """Bind conv_fwd and conv_bwd_data to ``version`` where they have it (or "default")."""
     _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
 
 
@@ -291,6 +404,29 @@ def bench_cases(quick, sizes=()):
                 4.0 * (x.size + w.size + y.size),
                 run,
                 check,
+            )
+        )
+        dy = rng.standard_normal(y.shape).astype(F32)
+        dx = np.empty(xs, F32)
+        dref = CV.conv_bwd_data_reference(dy, w, p, p, 1, 1, 1, 1, xs)
+        dmag = CV.conv_bwd_data_reference(np.abs(dy), np.abs(w), p, p, 1, 1, 1, 1, xs)
+
+        def run_b(fn, dy=dy, w=w, dx=dx, p=p):
+            return lambda: fn(dy, w, p, p, 1, 1, 1, 1, dx)
+
+        def check_b(fn, dx=dx, dref=dref, dmag=dmag, K=K):
+            close(dx, dref, sum_tol(K, dmag), "conv_bwd_data")
+
+        cases.append(
+            Case(
+                "conv",
+                "conv_bwd_data",
+                f"{name} x{xs} w{ws}",
+                "compute",
+                flops,
+                4.0 * (x.size + w.size + y.size),
+                run_b,
+                check_b,
             )
         )
     return cases

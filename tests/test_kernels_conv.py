@@ -1,5 +1,5 @@
-"""Convolution forward as a whole: every version (direct loops, im2col + BLAS, implicit GEMM,
-serial and per-image parallel) against the float64 reference on random geometry and on shapes
+"""Convolution forward and backward-data as a whole: every version (direct loops, im2col +
+BLAS, implicit GEMM, serial and per-image parallel) against the float64 references on random geometry and on shapes
 that cross the implicit GEMM's blocks, both dtypes; the parallel rung from two threads at once
 under the OpenMP threading layer."""
 
@@ -56,6 +56,29 @@ def test_every_version(geo, seed):
             )
 
 
+@settings(max_examples=10, deadline=None)
+@given(geometry(), st.integers(0, 2**32 - 1))
+def test_bwd_data_every_version(geo, seed):
+    """The gradient to the input: every version against the tap-by-tap float64 adjoint."""
+    xs, ws, g, _ = geo
+    rng = np.random.default_rng(seed)
+    ph, pw, sh, sw, dh, dw = g
+    OH = (xs[2] + 2 * ph - (dh * (ws[2] - 1) + 1)) // sh + 1
+    OW = (xs[3] + 2 * pw - (dw * (ws[3] - 1) + 1)) // sw + 1
+    dy64, w64 = rng.standard_normal((xs[0], ws[0], OH, OW)), rng.standard_normal(ws)
+    for dtype in DTYPES:
+        dy, w = dy64.astype(dtype), w64.astype(dtype)
+        ref = K.conv_bwd_data_reference(dy, w, *g, xs)
+        mag = K.conv_bwd_data_reference(np.abs(dy), np.abs(w), *g, xs)
+        for ver, fn in versions(K, "conv_bwd_data"):
+            dx = np.full(xs, np.nan, dtype)
+            fn(dy, w, *g, dx)
+            n_terms = ws[0] * ws[2] * ws[3]
+            assert_close(
+                dx, ref, sum_tol(dtype, n_terms, mag), kernel="conv_bwd_data", version=ver, shape=f"x{xs} w{ws} {g}"
+            )
+
+
 @pytest.mark.parametrize("xs, ws, pad", [((70, 12, 8, 8), (7, 12, 5, 5), 0), ((3, 11, 9, 9), (5, 11, 5, 5), 2)])
 def test_implicit_gemm_across_its_blocks(xs, ws, pad):
     """C*kh*kw = 300 and 275 rows of col (two passes of KB = 256) and, for the first shape,
@@ -71,6 +94,13 @@ def test_implicit_gemm_across_its_blocks(xs, ws, pad):
         K.VERSIONS["conv_fwd"][ver](x, w, b, *g, y)
         n_terms = ws[1] * ws[2] * ws[3] + 1
         assert_close(y, ref, sum_tol(np.float32, n_terms, mag), kernel="conv_fwd", version=ver, shape=f"x{xs}")
+    dy = rng.standard_normal(ref.shape).astype(np.float32)
+    dref = K.conv_bwd_data_reference(dy, w, *g, xs)
+    dmag = K.conv_bwd_data_reference(np.abs(dy), np.abs(w), *g, xs)
+    dx = np.full(xs, np.nan, np.float32)
+    K.VERSIONS["conv_bwd_data"]["v4_implicit"](dy, w, *g, dx)
+    n_terms = ws[0] * ws[2] * ws[3]
+    assert_close(dx, dref, sum_tol(np.float32, n_terms, dmag), kernel="conv_bwd_data", version="v4_implicit")
 
 
 def test_parallel_rung_from_two_threads_under_openmp():
