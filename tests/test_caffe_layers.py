@@ -231,3 +231,19 @@ def test_a_missing_package_is_named(tmp_path, monkeypatch, image_list, hide, mak
     monkeypatch.setitem(sys.modules, hide, None)  # `import hide` now raises ImportError
     with pytest.raises(LayerError, match=expect):
         build(text, ntop=1 if make != "images" else 2)
+
+
+def test_the_file_layers_on_every_backend(backend, image_list, h5_files, tmp_path):
+    """The layers hand host batches to the base class, which copies them to the device once."""
+    tmp, arrays = image_list
+    h5_tmp, data, labels = h5_files
+    for text, want in (
+        (image_data(tmp), np.stack([bgr(a) for a in arrays[:3]]).astype(np.float32)),
+        (hdf5_data(h5_tmp), data[:3]),
+    ):
+        layer = create_layer(proto.parse(text, "LayerParameter"), backend, phase="TEST")
+        top = [Blob((), xp=backend.xp, name=f"t{i}") for i in range(2)]
+        layer.setup([], top)
+        layer.forward([], top)
+        np.testing.assert_array_equal(np.asarray(backend.to_host(top[0].data)), want)
+        layer.stop()
