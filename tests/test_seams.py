@@ -10,6 +10,7 @@ vectors; the DataLayer base; the layers' declarations for the memory planner.
 """
 
 import ast
+import functools
 import os
 
 import numpy as np
@@ -71,6 +72,7 @@ def _defined_names(tree):
     return {n for n in names if isinstance(n, str) and _private(n)}
 
 
+@functools.lru_cache(maxsize=1)
 def _trees():
     out = {}
     for rel, path in _modules():
@@ -159,10 +161,12 @@ def instance_patches(trees):
                 or (isinstance(v, ast.Call) and ast.unparse(v.func).split(".")[-1] in ("partial", "MethodType"))
             )
 
+        def where(node):
+            return f"{rel}:{node.lineno}: {ast.unparse(node)[:80]}"
+
         for node in ast.walk(tree):
-            where = f"{rel}:{getattr(node, 'lineno', 0)}: {ast.unparse(node)[:80]}"
             if isinstance(node, ast.Attribute) and node.attr in ("__dict__", "MethodType"):
-                found.append(where)
+                found.append(where(node))
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
@@ -170,9 +174,9 @@ def instance_patches(trees):
                         continue
                     if _own_object(t.value):
                         if t.attr in own_methods.get(id(node), ()):
-                            found.append(where)  # an instance replacing its own method
+                            found.append(where(node))  # an instance replacing its own method
                     elif callable_value(node.value):
-                        found.append(where)
+                        found.append(where(node))
             elif (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -180,7 +184,7 @@ def instance_patches(trees):
                 and len(node.args) == 3
                 and callable_value(node.args[2])
             ):
-                found.append(where)
+                found.append(where(node))
     return found
 
 
