@@ -3,6 +3,7 @@
 key order, with transform_param as Caffe applies it; and the errors of bad input."""
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ Image = pytest.importorskip("PIL.Image", reason="the data extra (Pillow) is not 
 
 
 CPU = backend.get("cpu")
+NETS = Path(__file__).resolve().parent.parent / "nets"
 
 
 def quiet(*_):
@@ -383,3 +385,48 @@ def test_a_truncated_lmdb_is_refused_before_a_page_past_its_end_is_read(tmp_path
     (cut / "data.mdb").write_bytes(data[: len(data) // 2])
     with pytest.raises(LayerError, match=r"LMDB database '.*cut_lmdb' is truncated: its pages need \d+ bytes"):
         data_layer(str(cut), 1)
+
+
+@pytest.mark.slow
+def test_lenet_trains_the_same_from_a_converted_mnist_lmdb(tmp_path, monkeypatch):
+    """Real MNIST through Caffe's workflow: IDX files -> convert_mnist_data -> LMDB -> Caffe's
+    lenet_train_test.prototxt (sources examples/mnist/mnist_*_lmdb). Every loss and test output
+    equals the same run on the built-in MNIST read in order: the database adds nothing and loses
+    nothing (slow: MNIST is fetched once, 70,000 records are converted)."""
+    from minicaffe.data import load_mnist
+    from minicaffe.solvers import get_solver
+
+    mnist = load_mnist()
+    monkeypatch.chdir(tmp_path)
+    os_dir = tmp_path / "examples" / "mnist"
+    os_dir.mkdir(parents=True)
+    for split in ("train", "test"):
+        images, labels = mnist[split]
+        write_idx(tmp_path / f"{split}-images", images[:, 0])
+        write_idx(tmp_path / f"{split}-labels", labels.astype(np.uint8))
+        assert (
+            convert_mnist_data.main([f"{split}-images", f"{split}-labels", f"examples/mnist/mnist_{split}_lmdb"]) == 0
+        )
+    net_text = open(NETS / "lenet_train_test.prototxt").read()
+    runs = {}
+    for kind, train_src, test_src in (
+        ("lmdb", "examples/mnist/mnist_train_lmdb", "examples/mnist/mnist_test_lmdb"),
+        ("memory", "mnist_train?shuffle=false", "mnist_test"),
+    ):
+        (tmp_path / f"{kind}.prototxt").write_text(
+            net_text.replace('source: "mnist_train"', f'source: "{train_src}"').replace(
+                'source: "mnist_test"', f'source: "{test_src}"'
+            )
+        )
+        (tmp_path / f"{kind}_solver.prototxt").write_text(
+            f'net: "{kind}.prototxt" base_lr: 0.01 momentum: 0.9 weight_decay: 0.0005 lr_policy: "inv" '
+            "gamma: 0.0001 power: 0.75 max_iter: 30 test_iter: 3 test_interval: 15 display: 0 random_seed: 1\n"
+        )
+        solver = get_solver(f"{kind}_solver.prototxt", log=lambda m: None)
+        losses, tests = [], []
+        solver.on_iteration.append(lambda s, loss, lr: losses.append(loss))
+        solver.on_test.append(lambda s, i, result: tests.append(result))
+        solver.step(30)
+        runs[kind] = (losses, tests)
+    assert runs["lmdb"] == runs["memory"]
+    assert len(runs["lmdb"][0]) == 30 and len(runs["lmdb"][1]) == 2
