@@ -39,7 +39,7 @@ class Sink:
 
 def test_in_transport_limiter_paces_to_the_link_rate():
     rate = 100e6 / 8  # 100 Mbit/s
-    n = 3 << 20
+    n = 8 << 20
     ts = make_mesh(2, [{}, {}], n, link=(rate, 0.0))
     sinks = [Sink(n), Sink(n)]
     for t, s in zip(ts, sinks):

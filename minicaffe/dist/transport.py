@@ -167,7 +167,9 @@ class TokenBucket:
 
     def __init__(self, rate, burst=None, delay=0.0):
         self.rate = float(rate)
-        self.burst = float(burst if burst is not None else max(64 * 1024, self.rate / 1000))
+        # a burst of 50 ms of traffic (at least one 256 KiB send piece): a wake-up that comes
+        # late on a busy machine is made up by the next pieces instead of lowering the rate
+        self.burst = float(burst if burst is not None else max(256 * 1024, self.rate / 20))
         self.delay = float(delay)
         self.tokens = self.burst
         self.t = time.perf_counter()
