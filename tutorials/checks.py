@@ -399,3 +399,43 @@ def _(mod):
         grads = [grad(slice(lo, hi)) for lo, hi in bounds]
         sizes = [hi - lo for lo, hi in bounds]
         close(mod.reduce_gradients(grads, sizes), grad(slice(0, 10)), f"shards {bounds}")
+
+
+# -- lesson 10: sockets --------------------------------------------------------------------------------
+@check("10.1", "recv_exactly survives partial reads and reports a closed peer")
+def _(mod):
+    import socket
+    import threading
+
+    data = bytes(range(256)) * 40
+    a, b = socket.socketpair()
+    try:
+
+        def trickle():  # many small sends: the receiver sees partial reads
+            for i in range(0, len(data), 97):
+                a.sendall(data[i : i + 97])
+
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        got = mod.recv_exactly(b, 5000)
+        rest = mod.recv_exactly(b, len(data) - 5000)
+        t.join(10)
+        assert bytes(got) == data[:5000] and bytes(rest) == data[5000:], "the bytes differ from what was sent"
+        a.sendall(b"abc")
+        a.close()
+        try:
+            mod.recv_exactly(b, 10)
+        except ConnectionError:
+            pass
+        else:
+            raise AssertionError("a peer that closes after 3 of 10 bytes must raise ConnectionError")
+    finally:
+        a.close()
+        b.close()
+
+
+@check("10.2", "ps_bytes_per_clock follows the sharded server's rule")
+def _(mod):
+    counts = [500, 20, 25000, 50, 400000, 500, 5000, 10]  # LeNet's blobs
+    for P, want in [(2, 2 * 4 * sum(counts) * 1 / 2), (4, 2 * 4 * sum(counts) * 3 / 4), (1, 0.0)]:
+        close(mod.ps_bytes_per_clock(counts, P), want, f"LeNet's blobs over {P} nodes", rtol=1e-6)
