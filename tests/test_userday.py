@@ -84,6 +84,10 @@ def test_each_run_gets_its_own_directory_and_a_latest_link(solver_file, tmp_path
     before = digest(base / first)
     assert {"toy_iter_5.caffemodel", "toy_iter_10.solverstate", "train_log.jsonl"} <= set(before)
     assert os.readlink(base / "latest") == first
+    from minicaffe.io import current_umask
+
+    for f in ("train_log.jsonl", "toy_iter_5.caffemodel", "toy_iter_5.solverstate"):  # as any file the user makes
+        assert os.stat(base / first / f).st_mode & 0o777 == 0o666 & ~current_umask(), f
     assert train.main([solver_file, "--no-plot", "--iters", "3"]) == 0  # a short trial after a long run
     runs = sorted(d for d in os.listdir(base) if d != "latest")
     assert len(runs) == 2 and runs[0] == first
