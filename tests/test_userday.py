@@ -528,3 +528,45 @@ def test_resuming_from_an_earlier_snapshot_branches_instead_of_overwriting(solve
     log = train.read_log(str(branch))
     assert log["train"]["iter"] == list(range(10))  # the history up to iteration 5 came along
     assert log["train"]["loss"] == train.read_log(str(run))["train"]["loss"]
+
+
+def test_a_first_run_says_it_is_fetching_mnist(tmp_path, monkeypatch, capsys):
+    """MNIST missing from the data directory: the tool fetches it before building the nets, and
+    says so (here from a small local wheel with the real layout; nothing is downloaded)."""
+    import gzip
+    import hashlib
+    import pickle
+    import zipfile
+
+    from minicaffe.data import mnist, set_data_dir
+
+    rng = np.random.default_rng(0)
+    parts = tuple(
+        (rng.integers(0, 256, (n, 784)).astype(np.float32) / np.float32(256), rng.integers(0, 10, n).astype(np.int64))
+        for n in (30, 10, 8)
+    )
+    pkl_gz = gzip.compress(pickle.dumps(parts, protocol=4))
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    wheel = data_dir / mnist.WHEEL_FILENAME
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("mnist/__init__.py", "")
+        z.writestr(mnist.PICKLE_MEMBER, pkl_gz)
+    monkeypatch.setattr(mnist, "WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    monkeypatch.setattr(mnist, "PICKLE_SHA256", hashlib.sha256(pkl_gz).hexdigest())
+    (tmp_path / "net.prototxt").write_text(
+        'layer { name: "d" type: "Data" top: "data" top: "label" transform_param { scale: 0.00390625 }'
+        ' data_param { source: "mnist_train" batch_size: 4 } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 10 } }\n'
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }\n'
+    )
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt"\nbase_lr: 0.1\nmax_iter: 2\n')
+    try:
+        args = [str(tmp_path / "solver.prototxt"), "--data-dir", str(data_dir), "--output", str(tmp_path / "r")]
+        assert train.main(args + ["--no-plot"]) == 0
+    finally:
+        set_data_dir(None)
+    out = capsys.readouterr().out
+    assert f"Fetching MNIST: first use on this machine, into {data_dir / 'mnist'}" in out
+    assert out.index("Fetching MNIST") < out.index("Setting up: building the nets")
+    assert (data_dir / "mnist" / "mnist.npz").exists()
