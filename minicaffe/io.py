@@ -163,6 +163,11 @@ def read_weight_arrays(path, wanted=None):
 def _scan_weights(path, wanted):
     path = os.fspath(path)
     raw = _read_file(path)
+    if path.endswith(".solverstate"):  # minicaffe's (.npz) or Caffe's (protobuf) solver state
+        raise WeightsError(
+            f"{path} is a solver state, not weights: give it to --resume (Solver.restore); its "
+            f"weights are in the .caffemodel written beside it"
+        )
     if raw[:4] == ZIP_MAGIC:
         return _scan_npz(path, wanted)
     if raw[:4] == HDF5_MAGIC:  # Caffe's .caffemodel.h5 (snapshot_format: HDF5), read by solvers/caffe_state.py

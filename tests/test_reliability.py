@@ -551,3 +551,13 @@ def test_nan_loss_says_where_it_came_from(toy_solver, tmp_path):
             toy_solver().step(1)
     finally:
         data.unregister_dataset("rel_nan")
+
+
+def test_caffes_binary_solverstate_given_as_weights(toy_solver):
+    from minicaffe.solvers import caffe_state
+
+    s = toy_solver()
+    weights, state = s.snapshot()
+    caffe_state.save(s, state, weights)  # Caffe's SolverState protobuf, not an .npz
+    with pytest.raises(WeightsError, match=r"\.solverstate is a solver state, not weights.*--resume"):
+        s.net.copy_from(state)
