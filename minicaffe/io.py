@@ -337,7 +337,7 @@ def open_npz(path, error=WeightsError):
     """A ZipFile of ``path``; a damaged archive is ``error`` naming the file."""
     try:
         return zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+    except _ZIP_ERRORS as exc:
         raise error(f"{path}: not a readable .npz archive ({exc})") from None
 
 

@@ -259,6 +259,8 @@ def rewrite_state(path, edit_record=None, edit_arrays=None, raw_record=None):
         (dict(edit_record=lambda r: r.update(iter=-50)), r"'iter' is -50"),
         (dict(edit_record=lambda r: r.update(iter=1e30)), r"'iter' is 1e\+30"),
         (dict(edit_record=lambda r: r.update(losses="x")), r"'losses'"),
+        (dict(edit_record=lambda r: r.update(losses=[1, 2])), r"'losses' is \[1, 2\].*average_loss = 1"),
+        (dict(edit_record=lambda r: r.update(iter=0)), r"'iter' is 0.*snap_iter_2\.caffemodel"),
         (dict(edit_record=lambda r: r.update(learned_net="../../etc/passwd")), "learned_net"),
         (dict(edit_arrays=lambda a: a.update({"history/0": np.zeros((2, 2), np.float32)})), r"history/0.*\(2, 2\)"),
         (dict(edit_arrays=lambda a: a.pop("history/1")), "history/1.*missing"),
@@ -561,3 +563,25 @@ def test_caffes_binary_solverstate_given_as_weights(toy_solver):
     caffe_state.save(s, state, weights)  # Caffe's SolverState protobuf, not an .npz
     with pytest.raises(WeightsError, match=r"\.solverstate is a solver state, not weights.*--resume"):
         s.net.copy_from(state)
+
+
+def test_zip_asking_for_an_unknown_version(saved, toy_solver, tmp_path):
+    """zipfile raises NotImplementedError for a 'version needed to extract' it lacks."""
+
+    def bump(raw):
+        raw = bytearray(raw)
+        at = raw.find(b"PK\x01\x02")  # the first central directory entry
+        raw[at + 6 : at + 8] = (148).to_bytes(2, "little")  # version needed: 14.8
+        return bytes(raw)
+
+    net, paths = saved
+    bad = tmp_path / "v.npz"
+    bad.write_bytes(bump(open(paths[".npz"], "rb").read()))
+    with pytest.raises(WeightsError, match=r"v\.npz: not a readable \.npz archive \(zip file version 14\.8\)"):
+        net.copy_from(str(bad))
+    s = toy_solver()
+    _, state = s.snapshot()
+    raw = open(state, "rb").read()
+    open(state, "wb").write(bump(raw))
+    with pytest.raises(SolverError, match=r"zip file version 14\.8"):
+        toy_solver().restore(state)

@@ -52,6 +52,7 @@ and ``restore`` reads either (``caffe_state.py``).
 import json
 import math
 import os
+import re
 import time
 
 import numpy as np
@@ -534,9 +535,14 @@ class Solver:
         name = record["learned_net"]
         if not name or name in (".", "..") or os.path.basename(name) != name or "\\" in name:
             raise bad("learned_net", "expected the file name of the .caffemodel beside the state")
+        m = re.fullmatch(r".*_iter_(\d+)\.caffemodel(\.h5)?", name)
+        if m and int(m.group(1)) != record["iter"]:
+            raise bad("iter", f"but the state names its weights {name}: an edited or mismatched record")
         losses = record["losses"]
         if not isinstance(losses, list) or not all(_finite_number(v) for v in losses):
             raise bad("losses", "expected a list of finite numbers")
+        if len(losses) > max(self.param.average_loss, 1):
+            raise bad("losses", f"the smoothed-loss window holds at most average_loss = {self.param.average_loss}")
         if not _finite_number(record["smoothed_loss"]):
             raise bad("smoothed_loss", "expected a finite number")
         shapes = record["param_shapes"]
