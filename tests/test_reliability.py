@@ -261,6 +261,9 @@ def rewrite_state(path, edit_record=None, edit_arrays=None, raw_record=None):
         (dict(edit_record=lambda r: r.update(losses="x")), r"'losses'"),
         (dict(edit_record=lambda r: r.update(losses=[1, 2])), r"'losses' is \[1, 2\].*average_loss = 1"),
         (dict(edit_record=lambda r: r.update(iter=0)), r"'iter' is 0.*snap_iter_2\.caffemodel"),
+        (dict(edit_record=lambda r: r.update(smoothed_loss=-50)), r"record does not match its sha256: it was edited"),
+        (dict(edit_record=lambda r: r.update(losses=[])), r"record does not match its sha256"),
+        (dict(edit_record=lambda r: r.pop("weights_sha256")), r"record does not match its sha256"),
         (dict(edit_record=lambda r: r.update(learned_net="../../etc/passwd")), "learned_net"),
         (dict(edit_arrays=lambda a: a.update({"history/0": np.zeros((2, 2), np.float32)})), r"history/0.*\(2, 2\)"),
         (dict(edit_arrays=lambda a: a.pop("history/1")), "history/1.*missing"),
@@ -521,7 +524,12 @@ def test_resume_refuses_weights_that_miss_layers(toy_solver, tmp_path):
     kept = proto.Message("NetParameter", name=msg.name)
     kept.layer.append(msg.layer[1])
     open(weights, "wb").write(proto.encode(kept))
-    rewrite_state(state, edit_record=lambda r: r.pop("weights_sha256"))  # an old state without a checksum
+
+    def old_state(record):  # as written before states carried checksums
+        record.pop("weights_sha256")
+        record.pop("record_sha256")
+
+    rewrite_state(state, edit_record=old_state)
     with pytest.raises(SolverError, match=r"does not hold layer\(s\) 'ip2'"):
         toy_solver().restore(state)
 

@@ -49,6 +49,7 @@ field for; ``snapshot_format: BINARYPROTO`` set in the solver writes Caffe's Sol
 and ``restore`` reads either (``caffe_state.py``).
 """
 
+import hashlib
 import json
 import math
 import os
@@ -467,6 +468,7 @@ class Solver:
         written), which :meth:`restore` checks, so a damaged or swapped .caffemodel is refused."""
         record = self.state_record(weights_path)
         record["weights_sha256"] = file_sha256(weights_path)
+        record["record_sha256"] = _record_digest(record)
         arrays = {"record": np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)}
         for name, hist in zip(self.history_names, self.history):
             for i, h in enumerate(hist):
@@ -570,9 +572,14 @@ class Solver:
                 raise bad("rng", f"not a {rng['bit_generator']} state ({exc})") from None
         if not isinstance(record["data"], dict) or not all(isinstance(v, dict) for v in record["data"].values()):
             raise SolverError(f"{path}: the record's 'data' is not a map of reader positions")
-        digest = record.get("weights_sha256")
-        if digest is not None and not (isinstance(digest, str) and len(digest) == 64):
-            raise bad("weights_sha256", "expected a sha256 in hex")
+        for field in ("weights_sha256", "record_sha256"):
+            digest = record.get(field)
+            if digest is not None and not (isinstance(digest, str) and len(digest) == 64):
+                raise bad(field, "expected a sha256 in hex")
+        if "record_sha256" in record and _record_digest(record) != record["record_sha256"]:
+            raise SolverError(
+                f"{path}: the record does not match its sha256: it was edited or damaged after the snapshot"
+            )
 
     def restore(self, state_path):
         """Continue from a .solverstate: weights, history, iteration, RNG and data positions.
@@ -641,6 +648,12 @@ def _looks_like_weights(path):
     except MinicaffeError:  # not a NetParameter: then not weights
         return False
     return bool(len(msg.layer) or len(msg.layers))
+
+
+def _record_digest(record):
+    """The sha256 of a state record's JSON (keys sorted), without its own digest."""
+    body = {k: v for k, v in record.items() if k != "record_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _finite_number(v):
