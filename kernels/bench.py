@@ -58,7 +58,7 @@ def main(argv=None):
         return rc
     import importlib
 
-    _bench._clock[0] = args.clock
+    _bench.set_clock(args.clock)
     versions = set(filter(None, args.versions.split(",")))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     repeats = args.repeats or (3 if args.quick else 7)

@@ -7,10 +7,13 @@ Contract: the CPU family's (``kernels/softmax.py``)::
     softmax_loss_fwd(prob, label, ignore_label, has_ignore) -> (loss_sum, count)   (floats)
     softmax_loss_bwd(prob, label, ignore_label, has_ignore, scale, dx)
 
-plus the fused forward the GPU wants (one pass over the scores instead of two)::
+plus a fused forward, one pass over the scores and one launch instead of two::
 
     softmax_xent_fwd(x, label, ignore_label, has_ignore, prob) -> (loss_sum, count)
         prob = softmax(x), and the loss of softmax_loss_fwd, in one kernel
+
+(a lab kernel, outside the backend contract: the engine's SoftmaxWithLoss runs softmax_fwd,
+then softmax_loss_fwd, on every backend alike).
 
 Labels are floats truncated to int; a label outside [0, C) that is not the ignore label makes
 the loss forward raise ValueError naming its position (the kernel records the first bad position

@@ -1,5 +1,6 @@
 """Devices.  A backend is a small module of flat functions (im2col, gemm, max_pool_fwd, ...)
-plus ``xp`` (the array module its blobs live in), ``name``, ``to_host`` and ``from_host``.
+plus ``xp`` (the array module its blobs live in), ``name``, ``to_host`` and ``from_host``: the
+contract, with every signature and its meaning, is written once in ``contract.py``.
 
 - ``cpu``: numpy arrays, the numba @njit kernels of ``kernels/``, GEMM through BLAS.
 - ``cuda``: CuPy arrays, the numba.cuda kernels of ``kernels/cuda`` (GEMM through cuBLAS by
