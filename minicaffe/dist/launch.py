@@ -92,11 +92,6 @@ def rank_of(args):
     return s[0]
 
 
-def skip_resume(args):
-    """Only node 0 reads --resume (it sends the state to the others)."""
-    return is_node(args) and rank_of(args) != 0
-
-
 # -- the local launcher ---------------------------------------------------------------------------
 def free_port(host="127.0.0.1"):
     import socket
@@ -215,7 +210,13 @@ def make_transport(args, solver, log):
     listen = parse_address(args.listen, "--listen") if args.listen else None
     secret = load_secret(args.secret_file)
     t = SocketTransport(
-        rank, world, rdv, secret, config, limit, listen_address=listen,
+        rank,
+        world,
+        rdv,
+        secret,
+        config,
+        limit,
+        listen_address=listen,
         link=link,
         log=log,
         peer_timeout=args.peer_timeout,
@@ -311,7 +312,9 @@ def train(solver, args, log, out_dir=None):
         f"(waiting for parameters {mine['wait_s']:.2f} s)"
     )
     for name, s in mine["layers"].items():
-        log(f"    {name:>12}: sent {s['sent'] / 1e6:9.3f} MB, received {s['received'] / 1e6:9.3f} MB, wait {s['wait_s']:.3f} s")
+        log(
+            f"    {name:>12}: sent {s['sent'] / 1e6:9.3f} MB, received {s['received'] / 1e6:9.3f} MB, wait {s['wait_s']:.3f} s"
+        )
     record = {"kind": "dist", "world": world, "transport": args.dist, "link": args.link}
     record["nodes"] = {str(r): {k: v for k, v in rep.items() if k != "timeline"} for r, rep in sorted(reports.items())}
     if out_dir is not None and rank == 0:

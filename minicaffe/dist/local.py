@@ -11,9 +11,9 @@ runs exactly as across machines; only the processes are missing.
 
 import threading
 
+from .launch import config_hashes
 from .ps import Node
 from .sockets import SocketTransport
-from .launch import config_hashes
 
 SECRET = b"minicaffe-local-test-secret"
 

@@ -79,7 +79,9 @@ class MPITransport(Transport):
         for r in range(self.world):
             for j, k in enumerate(keys):
                 if not np.array_equal(every[r, 32 * j : 32 * j + 32], every[0, 32 * j : 32 * j + 32]):
-                    raise DistError(f"node {r}'s {k} differs from node 0's: every node must train the same net with the same solver")
+                    raise DistError(
+                        f"node {r}'s {k} differs from node 0's: every node must train the same net with the same solver"
+                    )
 
     # -- the communication thread ------------------------------------------------------------
     def start(self, handler):
@@ -105,7 +107,9 @@ class MPITransport(Transport):
                     items = list(self.outbox)
                     self.outbox.clear()
                 for dst, kind, key, clock, a in items:
-                    head = np.frombuffer(F.pack_header(kind, key, self.rank, a.dtype, a.shape if a.ndim else (a.size,), clock), np.uint8)
+                    head = np.frombuffer(
+                        F.pack_header(kind, key, self.rank, a.dtype, a.shape if a.ndim else (a.size,), clock), np.uint8
+                    )
                     reqs = [comm.Isend(head, dst, TAG_HEADER)]
                     if a.nbytes:
                         reqs.append(comm.Isend(F.as_bytes_view(a), dst, TAG_PAYLOAD))

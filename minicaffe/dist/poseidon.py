@@ -163,7 +163,9 @@ class Poseidon:
         self.iter0 = None
         if self.rank == 0:
             self.log(cost.format_plan(self.costs, self.world, comm=comm))
-            self.log(f"WFBP {'on' if self.wfbp else 'off'}; {len(self.sfb)} SFB layer(s), {len(node.ps_blobs)} PS blob(s)")
+            self.log(
+                f"WFBP {'on' if self.wfbp else 'off'}; {len(self.sfb)} SFB layer(s), {len(node.ps_blobs)} PS blob(s)"
+            )
 
     # -- Solver callbacks ----------------------------------------------------------------------
     def on_start(self, solver):

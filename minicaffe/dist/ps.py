@@ -246,6 +246,7 @@ class Node:
         self.sync_time = 0.0
         self.timeline = []  # (thread, start, end, what) over the first `timeline_clocks` clocks
         self.timeline_clocks = 3
+        self.timeline_start = 1  # set in start(): 10 where the run is long enough
         self.t_origin = time.perf_counter()
         first = self.replicas[0][0]
         self._t_layer = 0.0
@@ -300,6 +301,8 @@ class Node:
                 layer.load_state_dict(state["data"][layer.name])
             self._load_own_shard(history=False)  # history slices were received into place
         self.iter0 = self.server_version = solver.iter
+        left = solver.param.max_iter - solver.iter
+        self.timeline_start = max(1, min(10, left - self.timeline_clocks))
         self.versions[self.versions < (1 << 60)] = solver.iter
         self.shard_solver.iter = solver.iter
         self.shard_solver.current_step = solver.current_step
@@ -418,8 +421,9 @@ class Node:
         return time.perf_counter() - self.t_origin
 
     def _recording(self, clock):
-        """The timeline covers clocks 1..timeline_clocks of this run (clock 0 compiles and tests)."""
-        return 1 <= clock - (self.iter0 or 0) <= self.timeline_clocks
+        """The timeline covers ``timeline_clocks`` clocks from ``timeline_start`` on (the first
+        clocks compile kernels, test, and let the nodes fall into step)."""
+        return 0 <= clock - (self.iter0 or 0) - self.timeline_start < self.timeline_clocks
 
     def _layer_start(self, layer_index):
         self._t_layer = self._now()
@@ -599,7 +603,8 @@ class Node:
             self.clock = self.solver.iter
             recording = self._recording(self.clock)
             self.transport.stats.recording = recording
-            if not recording and self.clock - self.iter0 > self.timeline_clocks and self._hooks is not None:
+            past = self.clock - self.iter0 >= self.timeline_start + self.timeline_clocks
+            if past and self._hooks is not None:
                 self._hooks.remove()  # the timeline covers the first clocks only
                 self._hooks = None
             slot = self.clock % self.n_slots
@@ -661,10 +666,14 @@ class Node:
             self.stop_at = nxt
             for dst in range(1, self.world):
                 self.transport.send(dst, F.STOP, 0, nxt)
-        want_hist = self.rank == 0 and bool(self.ps_blobs) and (
-            (p.snapshot and nxt % p.snapshot == 0)
-            or (nxt >= p.max_iter and p.snapshot_after_train)
-            or (self.stop_at is not None and nxt >= self.stop_at)
+        want_hist = (
+            self.rank == 0
+            and bool(self.ps_blobs)
+            and (
+                (p.snapshot and nxt % p.snapshot == 0)
+                or (nxt >= p.max_iter and p.snapshot_after_train)
+                or (self.stop_at is not None and nxt >= self.stop_at)
+            )
         )
         if want_hist:
             with self.cv:

@@ -442,9 +442,7 @@ def mode_label(comm, wfbp):
 
 def speedup_table(layers, nodes_list, link, compute_scale=1.0):
     """{(comm, wfbp): [(nodes, speedup, Result)]} for every mode."""
-    return {
-        (c, w): [(p, *speedup(layers, p, link, c, w, compute_scale)) for p in nodes_list] for c, w in MODES
-    }
+    return {(c, w): [(p, *speedup(layers, p, link, c, w, compute_scale)) for p in nodes_list] for c, w in MODES}
 
 
 def format_speedups(title, table, published=None):
@@ -603,14 +601,15 @@ def main(argv=None):
                 if p < 1:
                     raise MinicaffeError(f"--nodes must be >= 1, got {p}")
             scale = (lambda p: max(1.0, p / args.cores)) if args.cores else (lambda p: 1.0)
-            table = {
-                (c, w): [(p, *speedup(layers, p, link, c, w, scale(p))) for p in args.nodes] for c, w in MODES
-            }
+            table = {(c, w): [(p, *speedup(layers, p, link, c, w, scale(p))) for p in args.nodes] for c, w in MODES}
             print(format_speedups(f"speedup over one node, {link}:", table))
-            print("  ms per iteration: " + ", ".join(
-                f"{mode_label(c, w)} " + "/".join(f"{r.period * 1e3:.1f}" for _, _, r in rows)
-                for (c, w), rows in table.items()
-            ))
+            print(
+                "  ms per iteration: "
+                + ", ".join(
+                    f"{mode_label(c, w)} " + "/".join(f"{r.period * 1e3:.1f}" for _, _, r in rows)
+                    for (c, w), rows in table.items()
+                )
+            )
             panels.append((f"{args.model or args.times}, {format_rate(link.bandwidth)}", table))
             if args.timeline:
                 res = simulate(layers, max(args.nodes), link, "hybrid", True, compute_scale=scale(max(args.nodes)))

@@ -131,12 +131,9 @@ def listen(host, port, what="listen"):
 
 
 def _tune(sock):
+    """Nagle off (small control frames leave at once); the buffer sizes are left to the kernel's
+    autotuning, which a fixed SO_SNDBUF/SO_RCVBUF would switch off."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-        except OSError:
-            pass
 
 
 class SocketTransport(Transport):

@@ -1,8 +1,9 @@
 """The timeline picture: per node, what each thread did over the first iterations of a run.
 
 Every Node records intervals ``(lane, start, end, label)`` in seconds from its own start, over
-clocks 1..``timeline_clocks`` of the run (clock 0 compiles kernels and tests), and its start on
-the wall clock (``t_origin``), so nodes are drawn on one time axis:
+three iterations from the run's 10th on (fewer in a short run: the first ones compile kernels,
+test, and let the nodes fall into step), and its start on the wall clock (``t_origin``), so
+nodes are drawn on one time axis:
 
     compute   each layer's forward and backward (from the Net's hooks), "wait for parameters"
     send      each GRAD frame leaving (one per blob and shard), as the sender threads saw it
