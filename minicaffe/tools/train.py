@@ -38,6 +38,7 @@ from .common import Eta, Logger, Progress, banner, fmt_seconds, resolve_solver, 
 LOG_NAME = "train_log.jsonl"
 PLOT_NAME = "curves.png"
 TEMP_PREFIX = ".tmp-"  # what minicaffe.io.atomic_write names its temporaries
+FIRST_ITERATION = "first iteration (numba compiles the kernels on a first run)"
 FLUSH_SECONDS = 5.0  # the log reaches the disk at least this often (and at every display line)
 
 
@@ -630,7 +631,7 @@ def run(args, argv=None):
             tested_at.append(s.iter)
             eta.test_end(s.iter)
             if progress is not None:
-                progress.set_phase("training")
+                progress.set_phase("training" if eta.seen else FIRST_ITERATION)
             left = eta.remaining()
             if left is not None and s.iter < p.max_iter:
                 log(f"Progress: {s.iter}/{p.max_iter} iterations, ETA {fmt_seconds(left)}")
@@ -647,7 +648,7 @@ def run(args, argv=None):
     solver.on_iteration.append(on_iteration)
     if progress is not None:
         progress.total, progress.done, progress.start_done, progress.eta = p.max_iter, start_iter, start_iter, eta
-        progress.set_phase("first iteration (numba compiles the kernels on a first run)")
+        progress.set_phase(FIRST_ITERATION)
 
     def on_signal(signum, frame):
         if solver.requested_stop:
