@@ -367,18 +367,20 @@ def wait_for_iterations(proc, log, n, timeout=120):
     pytest.fail("no progress in the log")
 
 
-def test_sigterm_stops_like_ctrl_c_with_a_snapshot_and_the_resume_command(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_sigterm_stops_like_ctrl_c_with_a_snapshot_and_the_resume_command(tmp_path, sig):
     proc = start_training(tmp_path, "--seed", "3")
     log = str(tmp_path / "run" / train.LOG_NAME)
     try:
         wait_for_iterations(proc, log, 100)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         proc.wait(timeout=60)
     finally:
         proc.kill()
     out, err = outputs(tmp_path)
     assert proc.returncode == 130, err
-    assert "SIGTERM: stopping after this iteration and writing a snapshot" in out
+    what = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+    assert f"{what}: stopping after this iteration and writing a snapshot (Ctrl-C again to abort)" in out
     state = train.last_snapshot(str(tmp_path / "run"))
     it = int(re.search(r"_iter_(\d+)", state)[1])
     assert f"Stopped at iteration {it}. To continue this run:" in out
