@@ -257,8 +257,8 @@ print(
 )
 
 # %% [markdown]
-# On a slow link the network, not the arithmetic, sets the pace. Poseidon's two answers (the
-# subject of a lesson still to be written) are to overlap that traffic with the backward pass
+# On a slow link the network, not the arithmetic, sets the pace. Poseidon's two answers (lesson
+# 11) are to overlap that traffic with the backward pass
 # (wait-free backpropagation) and to send a fully connected layer's gradient as its two small
 # factors instead of the matrix (sufficient-factor broadcasting).
 #

@@ -439,3 +439,29 @@ def _(mod):
     counts = [500, 20, 25000, 50, 400000, 500, 5000, 10]  # LeNet's blobs
     for P, want in [(2, 2 * 4 * sum(counts) * 1 / 2), (4, 2 * 4 * sum(counts) * 3 / 4), (1, 0.0)]:
         close(mod.ps_bytes_per_clock(counts, P), want, f"LeNet's blobs over {P} nodes", rtol=1e-6)
+
+
+# -- lesson 11: Poseidon ----------------------------------------------------------------------------------
+@check("11.1", "choose agrees with minicaffe.dist.cost's rule")
+def _(mod):
+    from minicaffe.dist import cost
+
+    for m, n, k in [(500, 800, 64), (10, 500, 64), (4096, 9216, 32), (1000, 4096, 256), (3, 3, 1)]:
+        for P in (1, 2, 3, 4, 8, 9, 10, 16, 32):
+            want = "sfb" if cost.sfb_floats(k, m, n, P) <= cost.ps_floats(m, n, P, P) else "ps"
+            got = mod.choose(m, n, k, P)
+            assert got == want, f"choose(m={m}, n={n}, k={k}, P={P}) = {got!r}, expected {want!r}"
+
+
+@check("11.2", "sfb_gradient rebuilds the summed gradient (and uses one matrix product)")
+def _(mod):
+    import inspect
+
+    rng = np.random.default_rng(11)
+    for rows in ([3], [2, 5], [4, 4, 1]):
+        us = [rng.standard_normal((r, 6)) for r in rows]
+        vs = [rng.standard_normal((r, 7)) for r in rows]
+        want = sum(np.einsum("ki,kj->ij", u, v) for u, v in zip(us, vs))
+        close(mod.sfb_gradient(us, vs), want, f"factors of {len(rows)} nodes with rows {rows}")
+    src = inspect.getsource(mod.sfb_gradient)
+    assert "for " not in src, "one matrix product over the concatenated factors, no loop over nodes"

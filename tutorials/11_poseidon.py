@@ -1,0 +1,282 @@
+# %% [markdown]
+# # Lesson 11: Poseidon, wait-free backprop and hybrid communication
+#
+# **You will learn** why a fully connected layer's gradient can travel as two thin matrices
+# instead of one big one (sufficient factors), how Poseidon's cost rule chooses per layer between
+# a parameter server and sufficient-factor broadcasting, why sending each layer's gradients the
+# moment its backward ends hides network time behind computation (wait-free backpropagation),
+# and how both look measured on real sockets. **You need** lesson 10 (a sharded parameter
+# server over TCP).
+#
+# Poseidon (Zhang et al., USENIX ATC 2017) made Caffe and TensorFlow scale over commodity
+# Ethernet with two ideas. `minicaffe/dist/poseidon.py` implements both on top of lesson 10's
+# parameter server; `minicaffe/dist/cost.py` holds the rule and `simulate.py` an event model.
+
+# %%
+import os
+import threading
+
+import matplotlib.pyplot as plt
+import numpy as np
+from _course import QUICK, ROOT, cleanup, show
+
+import minicaffe as caffe
+from minicaffe import proto
+from minicaffe.dist import cost, sfb, simulate
+from minicaffe.parallel import with_synthetic_data
+from minicaffe.solvers import load_solver_param
+
+print("quick mode" if QUICK else "full mode")
+
+# %% [markdown]
+# ## A gradient that is a sum of outer products
+# An InnerProduct layer computes `y = x W^T` for a batch of K rows: W is M x N. Its weight
+# gradient is `dW = u^T v`, with `u` the top diff (K x M) and `v` the bottom data (K x N): a sum
+# of K outer products `u_i v_i^T`. With small numbers, K = 2 rows, M = 2 outputs, N = 3 inputs:
+
+# %%
+u = np.array([[1.0, 0.0], [0.0, 2.0]])  # d loss / d y, one row per example
+v = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])  # the layer's input rows
+dW = u.T @ v
+print("dW = u^T v =\n", dW)
+print("= u_0 v_0^T + u_1 v_1^T:", np.array_equal(dW, np.outer(u[0], v[0]) + np.outer(u[1], v[1])))
+print(f"floats: dW has M*N = {dW.size}; u and v have K*(M+N) = {u.size + v.size}")
+assert np.array_equal(dW, np.outer(u[0], v[0]) + np.outer(u[1], v[1]))
+
+# %% [markdown]
+# For LeNet's `ip1` (500 x 800, batch 64) the factors are 64 x (500 + 800) = 83,200 floats
+# against 400,000 for the gradient. A node that receives every peer's u and v rebuilds the summed
+# gradient with one GEMM. On a real net, `sfb.factors_of` reads u and v after backward, and the
+# rebuilt gradient is the layer's own:
+
+
+# %%
+def lenet_param(batch=64):
+    param, base = load_solver_param(os.path.join(ROOT, "nets", "lenet_solver.prototxt"))
+    net = with_synthetic_data(proto.parse_file(os.path.join(base, param.net), "NetParameter"), count=512)
+    for lp in net.layer:
+        if lp.type == "Data":
+            lp.data_param.batch_size = batch
+    return param, base, net
+
+
+caffe.set_random_seed(0)
+_, _, net_param = lenet_param()
+net = caffe.Net(net_param, caffe.TRAIN)
+net.clear_param_diffs()
+net.forward_backward()
+i_ip1 = list(net.layer_dict).index("ip1")
+f = sfb.factors_of(net, i_ip1)
+rebuilt = np.empty(net.params["ip1"][0].shape, np.float32)
+sfb.rebuild(f, rebuilt)
+err = np.abs(rebuilt - net.params["ip1"][0].diff).max()
+print(
+    f"ip1: u {f.u.shape}, v {f.v.shape}: {f.floats:,} floats vs {rebuilt.size:,}; rebuilt vs backward max error {err:.1e}"
+)
+assert err < 1e-5 * max(1.0, float(np.abs(rebuilt).max()))
+
+# %% [markdown]
+# ## The cost rule, by hand
+# Per iteration per node, counting floats sent plus received, with P nodes that are both
+# workers and server shards:
+#
+# - parameter server: `PS = 2 M N (P1 + P2 - 2) / P2`, that is `4 M N (P-1) / P`: push the
+#   gradient's shards, pull the parameters, and serve the others' pushes and pulls;
+# - sufficient factors: `SFB = 2 K (P1 - 1) (M + N)`: send u and v to every peer, receive theirs.
+#
+# PS stays near `4 M N` whatever P; SFB grows with P. So SFB wins on few nodes and loses on many.
+# For ip1 (M = 500, N = 800, K = 64):
+
+# %%
+M, N, K = 500, 800, 64
+Ps = [2, 3, 4, 6, 8, 12, 16, 24, 32]
+for P in (2, 8, 16):
+    ps, sf = cost.ps_floats(M, N, P, P), cost.sfb_floats(K, M, N, P)
+    print(f"  P={P:2d}: PS {ps:12,.0f} floats, SFB {sf:12,.0f} floats -> {'SFB' if sf <= ps else 'PS'}")
+    assert abs(ps - 4 * M * N * (P - 1) / P) < 1e-6 and sf == 2 * K * (P - 1) * (M + N)
+cross = next(P for P in range(2, 100) if cost.sfb_floats(K, M, N, P) > cost.ps_floats(M, N, P, P))
+print(f"SFB moves fewer floats up to P = {cross - 1}; from P = {cross} the parameter server wins")
+
+fig, ax = plt.subplots(figsize=(7, 3.4))
+for (m, n, label), c in zip(((500, 800, "ip1 500x800"), (10, 500, "ip2 10x500")), ("C0", "C1")):
+    ax.plot(Ps, [cost.ps_floats(m, n, P, P) * 4 / 2**20 for P in Ps], "-", color=c, label=f"{label}: PS")
+    ax.plot(Ps, [cost.sfb_floats(K, m, n, P) * 4 / 2**20 for P in Ps], "--", color=c, label=f"{label}: SFB")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("nodes P")
+ax.set_ylabel("MiB per iteration per node")
+ax.set_title("Poseidon's cost rule for LeNet's FC layers (batch 64 per node)")
+ax.legend(fontsize=7)
+show(fig, "11_cost_rule")
+
+# %% [markdown]
+# `cost.plan(net, P)` applies the rule to every layer: convolutions always use the server (their
+# gradient is not a sum of outer products of short vectors); each FC layer gets the cheaper method.
+
+# %%
+for P in (2, 8, 16):
+    plan = cost.plan(net, P)
+    print(
+        f"P={P:2d}: " + ", ".join(f"{c.name} {c.choice.upper()}" for c in plan),
+        f"| {sum(c.bytes for c in plan) / 2**20:.2f} MiB per node per iteration",
+    )
+
+# %% [markdown]
+# ## Wait-free backprop, in the event model
+# Backward runs from the last layer to the first. Without WFBP a node computes the whole
+# backward, then synchronizes every layer, then starts the next forward: compute and network
+# take turns. With WFBP the sync of layer l starts when layer l's backward ends, while the
+# layers below are still computing; the next forward of layer l waits only for layer l. The
+# event model in `simulate.py` runs both schedules from per-layer times measured now on this
+# machine (`simulate.layers_from_net`) over a stated link (1 Gbit/s, 4 nodes).
+
+# %%
+layers = simulate.layers_from_net(net, iterations=3 if QUICK else 10, warmup=1)
+link = simulate.Link(simulate.parse_rate("1gbit"), 50e-6)
+results = {}
+for comm in ("ps", "hybrid"):
+    for wfbp in (False, True):
+        r = simulate.simulate(layers, 4, link, comm=comm, wfbp=wfbp)
+        results[(comm, wfbp)] = r
+        print(
+            f"  {comm:6s} WFBP {'on ' if wfbp else 'off'}: {r.period * 1e3:7.2f} ms per iteration, {r.bytes / 2**20:.2f} MiB per node, waiting {r.waiting:.0%}"
+        )
+assert results[("ps", True)].period <= results[("ps", False)].period * 1.0001
+assert results[("hybrid", True)].bytes < results[("ps", True)].bytes
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
+for ax, wfbp in zip(axes, (False, True)):
+    r = results[("hybrid", wfbp)]
+    for lane, _layer, a, b, it in r.events:
+        if it in (3, 4):
+            y = 0 if lane == "compute" else 1
+            ax.barh(
+                y,
+                (b - a) * 1e3,
+                left=a * 1e3,
+                color=("C0" if lane == "compute" else "C3") if it == 3 else ("C9" if lane == "compute" else "C1"),
+                edgecolor="w",
+                lw=0.3,
+            )
+    ax.set_yticks([0, 1], ["compute", "network"])
+    ax.set_title(
+        f"hybrid, WFBP {'on' if wfbp else 'off'}: {r.period * 1e3:.1f} ms per iteration (two iterations shown)",
+        fontsize=9,
+    )
+axes[1].set_xlabel("ms")
+fig.tight_layout()
+show(fig, "11_wfbp_timeline")
+
+# %% [markdown]
+# With WFBP off, the network lane starts only when the compute lane's backward is done, and the
+# next forward waits for all of it. With WFBP on, ip2's and ip1's syncs start during the
+# convolutions' backward: the network time that fits under the remaining backward disappears.
+#
+# ## Measured on sockets
+# Now the real runtime: 2 nodes in threads of this process, over loopback TCP, each node's
+# `Poseidon(node, comm="hybrid", wfbp=True)` joined to lesson 10's parameter server. It must
+# train what one process trains, and the bytes each layer moves must follow the rule (plus 48
+# bytes per frame).
+
+# %%
+from minicaffe.dist.local import SECRET
+from minicaffe.dist.poseidon import Poseidon
+from minicaffe.dist.ps import Node
+from minicaffe.dist.sockets import SocketTransport
+
+iters = 3 if QUICK else 10
+
+
+def solver():
+    param, base, netp = lenet_param()
+    param.clear("net")
+    param.net_param = netp
+    for field in ("test_iter", "test_interval", "snapshot"):
+        param.clear(field)
+    param.random_seed, param.display, param.max_iter = 7, 0, iters
+    param.snapshot_after_train = False
+    return caffe.get_solver(param, base_dir=base, log=lambda m: None)
+
+
+one = solver()
+one.step(iters)
+solvers = [solver() for _ in range(2)]
+quiet = lambda m: None
+t0 = SocketTransport(0, 2, "127.0.0.1:0", SECRET, {"net": "lenet"}, 1 << 22, log=quiet)
+ts = [t0, SocketTransport(1, 2, f"127.0.0.1:{t0.address[1]}", SECRET, {"net": "lenet"}, 1 << 22, log=quiet)]
+forming = [threading.Thread(target=t.form) for t in ts]
+for th in forming:
+    th.start()
+for th in forming:
+    th.join(60)
+nodes = [Node(s, t, gradient_slots=2) for s, t in zip(solvers, ts)]
+pos = [Poseidon(n, "hybrid", True, log=quiet) for n in nodes]
+errors = {}
+
+
+def go(r):
+    s, node = solvers[r], nodes[r]
+    try:
+        s.set_gradient_source(node.gradient_source)
+        s.set_updater(node.updater)
+        node.start()
+        s.step(iters)
+        node.reports = node.finish()
+    except BaseException as exc:  # noqa: BLE001  (re-raised below)
+        errors[r] = exc
+        node.abort()
+    finally:
+        pos[r].close()
+
+
+threads = [threading.Thread(target=go, args=(r,)) for r in range(2)]
+for th in threads:
+    th.start()
+for th in threads:
+    th.join(300)
+if errors:
+    raise errors[min(errors)]
+for s in solvers:
+    err = max(float(np.abs(a.data - b.data).max()) for a, b in zip(s.net.learnable_params, one.net.learnable_params))
+    print(f"largest parameter difference from one process after {iters} iterations: {err:.1e}")
+    assert err < 1e-4
+print("SFB layers:", sorted(layer.name for layer in pos[0].sfb.values()))
+
+# %%
+measured = pos[0].measured_bytes(iters)
+predicted = pos[0].predicted_bytes()
+names = list(predicted)
+for name in names:
+    rule, headers = predicted[name]
+    print(
+        f"  {name:6s} measured {measured[name] / 2**10:9.1f} KiB/iter, rule {rule / 2**10:9.1f} + headers {headers / 2**10:.1f}"
+    )
+    assert abs(measured[name] - (rule + headers)) <= 0.05 * (rule + headers)
+fig, ax = plt.subplots(figsize=(7, 3))
+x = np.arange(len(names))
+ax.bar(x - 0.2, [measured[n] / 2**10 for n in names], 0.4, label="measured")
+ax.bar(x + 0.2, [sum(predicted[n]) / 2**10 for n in names], 0.4, label="rule + headers")
+ax.set_xticks(x, [f"{n}\n({'SFB' if n in {l.name for l in pos[0].sfb.values()} else 'PS'})" for n in names])
+ax.set_yscale("log")
+ax.set_ylabel("KiB per iteration, node 0")
+ax.legend(fontsize=8)
+ax.set_title("hybrid communication on 2 nodes: bytes per layer")
+show(fig, "11_bytes_measured")
+
+# %% [markdown]
+# ## Exercises
+# 1. Write `choose(m, n, k, P)`: "sfb" or "ps" by Poseidon's rule for an m x n FC layer with k
+#    rows per node on P nodes (P workers, P server shards). Check: `python -m tutorials.check 11.1`
+# 2. Write `sfb_gradient(us, vs)`: given every node's factors (lists of K_p x M and K_p x N
+#    arrays), the summed weight gradient (M x N) with one matrix product. Check:
+#    `python -m tutorials.check 11.2`
+# 3. (thought) WFBP overlaps a layer's sync with the backward of the layers *below* it. Why does
+#    that help a net like AlexNet or VGG, whose big FC layers sit at the top, much more than a
+#    net whose biggest layer is the first?
+#
+# Answers to the thought questions: `tutorials/solutions/ANSWERS.md`.
+
+# %%
+cleanup()
+print("lesson 11 done")
