@@ -75,13 +75,28 @@ def pytest_configure(config):
         return
     # pytest's own tmp_path directories stay where pytest keeps them (the last three runs)
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
-    root = tempfile.mkdtemp(prefix="minicaffe-tests-")
+    _remove_stale_roots(tempfile.gettempdir())
+    root = tempfile.mkdtemp(prefix=f"minicaffe-tests-{os.getpid()}-")
     config.stash[_TMP_KEY] = (root, os.environ.get("TMPDIR"), tempfile.tempdir)
     os.environ["TMPDIR"] = root  # subprocesses too
     tempfile.tempdir = root
 
 
 _TMP_KEY = pytest.StashKey()
+
+
+def _remove_stale_roots(parent):
+    """The directories of earlier runs that were killed before they could clean up (their
+    process is gone); those of runs still going are left alone."""
+    for name in os.listdir(parent):
+        parts = name.split("-")
+        if name.startswith("minicaffe-tests-") and len(parts) >= 4 and parts[2].isdigit():
+            try:
+                os.kill(int(parts[2]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            except PermissionError:
+                pass  # another user's process: alive
 
 
 def pytest_unconfigure(config):

@@ -269,8 +269,10 @@ def test_iters_ends_with_a_final_test(solver_file, tmp_path, capsys):
     assert [t["iter"] for t in train.read_log(str(out))["test"]] == [0, 5, 7]
 
 
-def test_step_one_loop_logs_the_real_pace(solver_file):
+def test_step_one_loop_logs_the_real_pace(solver_file, tmp_path, monkeypatch):
     from minicaffe import get_solver
+
+    monkeypatch.chdir(tmp_path)  # the solver snapshots to its relative prefix "toy"
 
     lines = []
     solver = get_solver(solver_file, log=lines.append)
@@ -279,7 +281,7 @@ def test_step_one_loop_logs_the_real_pace(solver_file):
         solver.step(1)
     wall = time.perf_counter() - t0
     rates = [float(m[1]) for m in (re.match(r"Iteration (?:5|10) \((\S+) iter/s", x) for x in lines) if m]
-    assert len(rates) == 2
+    assert len(rates) == 2 and os.path.exists(tmp_path / "toy_iter_10.caffemodel")
     for rate in rates:
         assert rate > 0 and rate >= 5 / wall / 2  # 5 iterations per display line, in at most the wall time
 
@@ -572,3 +574,13 @@ def test_a_first_run_says_it_is_fetching_mnist(tmp_path, monkeypatch, capsys):
     assert f"Fetching MNIST: first use on this machine, into {data_dir / 'mnist'}" in out
     assert out.index("Fetching MNIST") < out.index("Setting up: building the nets")
     assert (data_dir / "mnist" / "mnist.npz").exists()
+
+
+def test_a_killed_test_run_s_temporary_directory_is_removed_by_the_next(tmp_path):
+    from conftest import _remove_stale_roots
+
+    dead, alive = tmp_path / "minicaffe-tests-999999999-ab", tmp_path / f"minicaffe-tests-{os.getpid()}-cd"
+    for d in (dead, alive):
+        (d / "lesson4-x").mkdir(parents=True)
+    _remove_stale_roots(str(tmp_path))
+    assert not dead.exists() and alive.exists()
