@@ -114,7 +114,7 @@ def train(solver, iters):
     return losses
 
 
-iters = 25 if QUICK else 500
+iters = 25 if QUICK else 300
 curves = {}
 for rule, extra in RULES.items():
     caffe.set_random_seed(1)

@@ -227,8 +227,11 @@ for label, rate in rates.items():
     print(
         f"  {label:10s} compute {timing[label][0] * 1e3:6.1f} ms, sync {timing[label][1] * 1e3:6.1f} ms per clock (the link alone: {wire * 1e3:.1f} ms)"
     )
-# the token bucket makes this a law, whatever else the machine is doing:
-assert timing["100 Mbit/s"][1] > 0.9 * param_bytes / transport.parse_rate("100mbit")
+# Whatever else the machine is doing, the slowest link shows: a node's gradients must reach the
+# other node before that node can send back the fresh parameters, and the second half of that
+# chain (the pull, half the wire time) is always inside the node's sync.
+slowest = list(rates)[-1]
+assert timing[slowest][1] > 0.5 * param_bytes / transport.parse_rate(rates[slowest])
 
 fig, ax = plt.subplots(figsize=(7, 2.8))
 labels = list(timing)

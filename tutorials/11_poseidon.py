@@ -148,13 +148,14 @@ assert results[("hybrid", True)].bytes < results[("ps", True)].bytes
 fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
 for ax, wfbp in zip(axes, (False, True)):
     r = results[("hybrid", wfbp)]
+    start = min(a for lane, _layer, a, b, it in r.events if it == 3)  # both panels from iteration 3's start
     for lane, _layer, a, b, it in r.events:
         if it in (3, 4):
             y = 0 if lane == "compute" else 1
             ax.barh(
                 y,
                 (b - a) * 1e3,
-                left=a * 1e3,
+                left=(a - start) * 1e3,
                 color=("C0" if lane == "compute" else "C3") if it == 3 else ("C9" if lane == "compute" else "C1"),
                 edgecolor="w",
                 lw=0.3,
@@ -164,7 +165,7 @@ for ax, wfbp in zip(axes, (False, True)):
         f"hybrid, WFBP {'on' if wfbp else 'off'}: {r.period * 1e3:.1f} ms per iteration (two iterations shown)",
         fontsize=9,
     )
-axes[1].set_xlabel("ms")
+axes[1].set_xlabel("ms from the start of an iteration (dark: one iteration, light: the next)")
 fig.tight_layout()
 show(fig, "11_wfbp_timeline")
 
