@@ -465,3 +465,32 @@ def _(mod):
         close(mod.sfb_gradient(us, vs), want, f"factors of {len(rows)} nodes with rows {rows}")
     src = inspect.getsource(mod.sfb_gradient)
     assert "for " not in src, "one matrix product over the concatenated factors, no loop over nodes"
+
+
+# -- lesson 12: scale on paper --------------------------------------------------------------------------
+@check("12.1", "speedup is weak scaling, as the simulator computes it")
+def _(mod):
+    from minicaffe.dist import simulate
+
+    layers = [
+        simulate.Layer("a", 0.01, 0.02, count=10_000),
+        simulate.Layer("b", 0.002, 0.004, count=2_000_000, m=1000, n=2000, k=32),
+    ]
+    link = simulate.Link(simulate.parse_rate("1gbit"), 1e-4)
+    for P in (1, 2, 4, 8):
+        want, r = simulate.speedup(layers, P, link, "ps", True)
+        got = mod.speedup(simulate.one_node_time(layers), r.period, P)
+        close(got, want, f"{P} nodes", rtol=1e-9)
+
+
+@check("12.2", "sync_seconds agrees with the simulator's sync cost")
+def _(mod):
+    from minicaffe.dist import simulate
+
+    lay = simulate.Layer("fc", 0.001, 0.002, count=4_000_000, m=1000, n=4000, k=32)
+    for rate, lat, P in [("1gbit", 5e-5, 2), ("10gbit", 1e-4, 8), ("40gbit", 0.0, 16)]:
+        link = simulate.Link(simulate.parse_rate(rate), lat)
+        net_s, _, nbytes = simulate.sync_cost(lay, "ps", P, link)
+        close(mod.sync_seconds(nbytes, 2, link.bandwidth, lat), net_s, f"PS sync over {rate}, {P} nodes", rtol=1e-9)
+        net_s, _, nbytes = simulate.sync_cost(lay, "sfb", P, link)
+        close(mod.sync_seconds(nbytes, 1, link.bandwidth, lat), net_s, f"SFB sync over {rate}, {P} nodes", rtol=1e-9)
