@@ -11,11 +11,16 @@ time goes):
     conv_bwd_data(dy, w, ph, pw, sh, sw, dh, dw, dx)
         dy (N, M, OH, OW), w (M, C, kh, kw), dx (N, C, H, W) OVERWRITTEN: the gradient to the
         input, dx = col2im(W^T @ dY) -- each dy value spread back over the inputs it read
+    conv_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt)
+        dwt (M, C, kh, kw) OVERWRITTEN: the gradient to the weights, dW = dY @ col^T (Caffe's
+        layer accumulates it into the weight diff; this kernel overwrites)
 
-Versions (conv_bwd_data has v1_naive, v3_im2col_blas and v4_implicit, the same ideas run
-backwards: its v3 is BLAS's W^T @ dY into a dcol workspace, then col2im; its v4 computes dcol
-KB rows at a time into an L2-sized buffer and col2im's them into dx at once, so dcol is never
-written either):
+Versions (conv_bwd_data and conv_bwd_filter have v1_naive, v3_im2col_blas and v4_implicit,
+the same ideas run backwards: bwd_data's v3 is BLAS's W^T @ dY into a dcol workspace, then
+col2im, and its v4 computes dcol KB rows at a time into an L2-sized buffer and col2im's them
+into dx at once, so dcol is never written; bwd_filter's v3 is im2col then BLAS's dY @ col^T,
+and its v4 regenerates col a block at a time, as the forward does, and feeds it to v3_micro's
+dot-product kernel):
   v1_naive        the definition: seven nested loops, a bounds test per multiply-add.
   v2_direct       loops turned so the innermost runs along an output row: y[n,m,oh,:] +=
                   w[m,c,i,j] * x[n,c,ih, (ow*sw + j*dw - pw)] over the valid ow range, hoisted
@@ -47,7 +52,17 @@ from . import _versions
 from . import gemm as _gemm
 from . import im2col as _im2col
 
-__all__ = ["conv_fwd", "conv_bwd_data", "conv_fwd_reference", "conv_bwd_data_reference", "VERSIONS", "DEFAULTS", "use"]
+__all__ = [
+    "conv_fwd",
+    "conv_bwd_data",
+    "conv_bwd_filter",
+    "conv_fwd_reference",
+    "conv_bwd_data_reference",
+    "conv_bwd_filter_reference",
+    "VERSIONS",
+    "DEFAULTS",
+    "use",
+]
 
 
 def conv_fwd_reference(x, w, bias, ph, pw, sh, sw, dh, dw):
@@ -84,6 +99,21 @@ def conv_bwd_data_reference(dy, w, ph, pw, sh, sw, dh, dw, x_shape):
                 "nmhw,mc->nchw", dy, w[:, :, i, j]
             )
     return dxp[:, :, ph : ph + H, pw : pw + W]
+
+
+def conv_bwd_filter_reference(x, dy, ph, pw, sh, sw, dh, dw, w_shape):
+    """float64 dW, tap by tap: dW[m, c, i, j] = sum over (n, oh, ow) of dy * the input pixel."""
+    x = np.asarray(x, dtype=np.float64)
+    dy = np.asarray(dy, dtype=np.float64)
+    M, C, kh, kw = w_shape
+    OH, OW = dy.shape[2], dy.shape[3]
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    out = np.zeros(w_shape)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i * dh : i * dh + sh * (OH - 1) + 1 : sh, j * dw : j * dw + sw * (OW - 1) + 1 : sw]
+            out[:, :, i, j] = np.einsum("nmhw,nchw->mc", dy, patch)
+    return out
 
 
 @njit(nogil=True, cache=True)
@@ -333,6 +363,94 @@ def conv_bwd_data_v4_implicit(dy, w, ph, pw, sh, sw, dh, dw, dx):
         _implicit_bwd_images(dy, w2, kh, kw, ph, pw, sh, sw, dh, dw, oh_rng, ow_rng, n0, min(n0 + per, N), dyb, buf, dx)
 
 
+# -- conv_bwd_filter: the gradient to the weights ---------------------------------------------------------
+@njit(nogil=True, cache=True)
+def conv_bwd_filter_v1_naive(x, dy, ph, pw, sh, sw, dh, dw, dwt):
+    N, C, H, W, M, kh, kw, OH, OW = _geometry(x, dwt, ph, pw, sh, sw, dh, dw, dy)
+    dwt[...] = 0
+    for n in range(N):
+        for m in range(M):
+            for oh in range(OH):
+                for ow in range(OW):
+                    g = dy[n, m, oh, ow]
+                    for c in range(C):
+                        for i in range(kh):
+                            for j in range(kw):
+                                ih = oh * sh - ph + i * dh
+                                iw = ow * sw - pw + j * dw
+                                if 0 <= ih < H and 0 <= iw < W:
+                                    dwt[m, c, i, j] += g * x[n, c, ih, iw]
+
+
+def conv_bwd_filter_v3_im2col_blas(x, dy, ph, pw, sh, sw, dh, dw, dwt):
+    """im2col, then dW = dY @ col^T by BLAS (dY moved to (M, N*OH*OW) first)."""
+    N, M, OH, OW = dy.shape
+    _, C, kh, kw = dwt.shape
+    col = np.empty((C * kh * kw, N * OH * OW), x.dtype)
+    _im2col.im2col(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+    dym = np.ascontiguousarray(dy.reshape(N, M, OH * OW).transpose(1, 0, 2)).reshape(M, N * OH * OW)
+    _gemm.gemm_blas(False, True, 1.0, dym, col, 0.0, dwt.reshape(M, C * kh * kw))
+
+
+@njit(nogil=True, cache=True)
+def _pack_dy(dy, n0, n1, dyb):
+    """dyb[:, :(n1-n0)*P] = dY's images n0..n1 as an (M, images * P) matrix."""
+    M = dy.shape[1]
+    P = dy.shape[2] * dy.shape[3]
+    for n in range(n0, n1):
+        for m in range(M):
+            dyb[m, (n - n0) * P : (n - n0 + 1) * P] = dy[n, m].reshape(P)
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
+def conv_bwd_filter_v4_implicit(x, dy, ph, pw, sh, sw, dh, dw, dwt):
+    per, oh_rng, ow_rng = _implicit_setup(x, dwt, ph, pw, sh, sw, dh, dw, dy)
+    N, C, H, W = x.shape
+    M, _, kh, kw = dwt.shape
+    K = C * kh * kw
+    OW = dy.shape[3]
+    P = dy.shape[2] * OW
+    dw2 = dwt.reshape(M, K)
+    dw2[...] = 0
+    dyb = np.empty((M, per * P), x.dtype)
+    buf = np.empty((min(_KB, K), per * P), x.dtype)
+    stride = buf.shape[1]
+    xf = x.reshape(x.size)
+    bf = buf.reshape(buf.size)
+    z = buf.dtype.type(0)
+    one = buf.dtype.type(1)
+    for n0 in range(0, N, per):
+        n1 = min(n0 + per, N)
+        nb = (n1 - n0) * P
+        _pack_dy(dy, n0, n1, dyb)
+        for p0 in range(0, K, _KB):
+            p1 = min(p0 + _KB, K)
+            for r in range(p0, p1):  # col's rows p0..p1 for this block, as the forward makes them
+                c = r // (kh * kw)
+                i = (r // kw) % kh
+                j = r % kw
+                for n in range(n0, n1):
+                    s0 = (n * C + c) * H * W + (i * dh - ph) * W + (j * dw - pw)
+                    _im2col._im2col_tap_flat(
+                        xf,
+                        s0,
+                        bf,
+                        (r - p0) * stride + (n - n0) * P,
+                        sh,
+                        sw,
+                        W,
+                        OW,
+                        P,
+                        oh_rng[i, 0],
+                        oh_rng[i, 1],
+                        ow_rng[j, 0],
+                        ow_rng[j, 1],
+                        z,
+                    )
+            # dW[:, p0:p1] += dYb @ colblk^T: a long k (the block's pixels), the dot-product form
+            _gemm._gemm_micro_cols(one, dyb[:, :nb], False, buf[: p1 - p0, :nb], True, dw2[:, p0:p1], 0, p1 - p0)
+
+
 VERSIONS = {
     "conv_fwd": {
         "v1_naive": conv_fwd_v1_naive,
@@ -346,16 +464,26 @@ VERSIONS = {
         "v3_im2col_blas": conv_bwd_data_v3_im2col_blas,
         "v4_implicit": conv_bwd_data_v4_implicit,
     },
+    "conv_bwd_filter": {
+        "v1_naive": conv_bwd_filter_v1_naive,
+        "v3_im2col_blas": conv_bwd_filter_v3_im2col_blas,
+        "v4_implicit": conv_bwd_filter_v4_implicit,
+    },
 }
-DEFAULTS = {"conv_fwd": "v3_im2col_blas", "conv_bwd_data": "v3_im2col_blas"}
-REFERENCES = {"conv_fwd": conv_fwd_reference, "conv_bwd_data": conv_bwd_data_reference}
+DEFAULTS = {"conv_fwd": "v3_im2col_blas", "conv_bwd_data": "v3_im2col_blas", "conv_bwd_filter": "v3_im2col_blas"}
+REFERENCES = {
+    "conv_fwd": conv_fwd_reference,
+    "conv_bwd_data": conv_bwd_data_reference,
+    "conv_bwd_filter": conv_bwd_filter_reference,
+}
 
 conv_fwd = VERSIONS["conv_fwd"][DEFAULTS["conv_fwd"]]
 conv_bwd_data = VERSIONS["conv_bwd_data"][DEFAULTS["conv_bwd_data"]]
+conv_bwd_filter = VERSIONS["conv_bwd_filter"][DEFAULTS["conv_bwd_filter"]]
 
 
 def use(version):
-    """Bind conv_fwd and conv_bwd_data to ``version`` where they have it (or "default")."""
+    """Bind the three conv kernels to ``version`` where they have it (or "default")."""
     _versions.rebind(globals(), VERSIONS, DEFAULTS, version)
 
 
@@ -417,6 +545,28 @@ def bench_cases(quick, sizes=()):
         def check_b(fn, dx=dx, dref=dref, dmag=dmag, K=K):
             close(dx, dref, sum_tol(K, dmag), "conv_bwd_data")
 
+        fref = CV.conv_bwd_filter_reference(x, dy, p, p, 1, 1, 1, 1, ws)
+        fmag = CV.conv_bwd_filter_reference(np.abs(x), np.abs(dy), p, p, 1, 1, 1, 1, ws)
+        dwt = np.empty(ws, F32)
+
+        def run_f(fn, x=x, dy=dy, dwt=dwt, p=p):
+            return lambda: fn(x, dy, p, p, 1, 1, 1, 1, dwt)
+
+        def check_f(fn, dwt=dwt, fref=fref, fmag=fmag, n=y.size // ws[0]):
+            close(dwt, fref, sum_tol(n, fmag), "conv_bwd_filter")
+
+        cases.append(
+            Case(
+                "conv",
+                "conv_bwd_filter",
+                f"{name} x{xs} w{ws}",
+                "compute",
+                flops,
+                4.0 * (x.size + w.size + y.size),
+                run_f,
+                check_f,
+            )
+        )
         cases.append(
             Case(
                 "conv",

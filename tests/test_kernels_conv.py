@@ -1,4 +1,4 @@
-"""Convolution forward and backward-data as a whole: every version (direct loops, im2col +
+"""Convolution forward, backward-data and backward-filter as a whole: every version (direct loops, im2col +
 BLAS, implicit GEMM, serial and per-image parallel) against the float64 references on random geometry and on shapes
 that cross the implicit GEMM's blocks, both dtypes; the parallel rung from two threads at once
 under the OpenMP threading layer."""
@@ -79,6 +79,29 @@ def test_bwd_data_every_version(geo, seed):
             )
 
 
+@settings(max_examples=10, deadline=None)
+@given(geometry(), st.integers(0, 2**32 - 1))
+def test_bwd_filter_every_version(geo, seed):
+    """The gradient to the weights: every version against the tap-by-tap float64 reference."""
+    xs, ws, g, _ = geo
+    rng = np.random.default_rng(seed)
+    ph, pw, sh, sw, dh, dw = g
+    OH = (xs[2] + 2 * ph - (dh * (ws[2] - 1) + 1)) // sh + 1
+    OW = (xs[3] + 2 * pw - (dw * (ws[3] - 1) + 1)) // sw + 1
+    x64, dy64 = rng.standard_normal(xs), rng.standard_normal((xs[0], ws[0], OH, OW))
+    for dtype in DTYPES:
+        x, dy = x64.astype(dtype), dy64.astype(dtype)
+        ref = K.conv_bwd_filter_reference(x, dy, *g, ws)
+        mag = K.conv_bwd_filter_reference(np.abs(x), np.abs(dy), *g, ws)
+        for ver, fn in versions(K, "conv_bwd_filter"):
+            out = np.full(ws, np.nan, dtype)
+            fn(x, dy, *g, out)
+            n_terms = xs[0] * OH * OW
+            assert_close(
+                out, ref, sum_tol(dtype, n_terms, mag), kernel="conv_bwd_filter", version=ver, shape=f"x{xs} w{ws} {g}"
+            )
+
+
 @pytest.mark.parametrize("xs, ws, pad", [((70, 12, 8, 8), (7, 12, 5, 5), 0), ((3, 11, 9, 9), (5, 11, 5, 5), 2)])
 def test_implicit_gemm_across_its_blocks(xs, ws, pad):
     """C*kh*kw = 300 and 275 rows of col (two passes of KB = 256) and, for the first shape,
@@ -101,6 +124,12 @@ def test_implicit_gemm_across_its_blocks(xs, ws, pad):
     K.VERSIONS["conv_bwd_data"]["v4_implicit"](dy, w, *g, dx)
     n_terms = ws[0] * ws[2] * ws[3]
     assert_close(dx, dref, sum_tol(np.float32, n_terms, dmag), kernel="conv_bwd_data", version="v4_implicit")
+    fref = K.conv_bwd_filter_reference(x, dy, *g, ws)
+    fmag = K.conv_bwd_filter_reference(np.abs(x), np.abs(dy), *g, ws)
+    out = np.full(ws, np.nan, np.float32)
+    K.VERSIONS["conv_bwd_filter"]["v4_implicit"](x, dy, *g, out)
+    n_terms = dy.shape[0] * dy.shape[2] * dy.shape[3]
+    assert_close(out, fref, sum_tol(np.float32, n_terms, fmag), kernel="conv_bwd_filter", version="v4_implicit")
 
 
 def test_parallel_rung_from_two_threads_under_openmp():
