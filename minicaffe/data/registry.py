@@ -123,8 +123,9 @@ def resolve_source(source):
     raise DatasetError(
         f"unknown data source '{source}': no LMDB or LevelDB database there, and not a dataset name. Known:\n"
         f"{listing}\n"
-        f"Register your own with minicaffe.data.register_dataset('{tail or 'name'}', images, labels) before "
-        f"building the net."
+        f"Make a database with python -m minicaffe.tools.convert_imageset (an image list) or "
+        f"convert_mnist_data (IDX files), or register arrays with "
+        f"minicaffe.data.register_dataset('{tail or 'name'}', images, labels) before building the net."
     )
 
 
