@@ -244,3 +244,36 @@ def test_bad_hdf5_snapshots_name_the_file(tmp_path):
         match=r"w.caffemodel.h5: layer 'ip1' blob 0: the file has shape \(2, 2\) but the net expects \(5, 9\)",
     ):
         Net(str(tmp_path / "net.prototxt"), "TEST", weights=str(tmp_path / "w.caffemodel.h5"))
+
+
+def test_minicaffes_own_state_resumes_a_database_run_bit_for_bit(tmp_path, monkeypatch):
+    """A Data layer reading an LMDB with the per-epoch shuffle: minicaffe's .npz state keeps the
+    reader's position, so the resumed run reads the same batches as the uninterrupted one."""
+    pytest.importorskip("lmdb", reason="the data extra (lmdb) is not installed")
+    from minicaffe.data.datum import encode_datum
+    from minicaffe.data.db import Writer
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(11)
+    with Writer("toy_lmdb", "LMDB") as w:
+        for i in range(10):
+            w.put(f"{i:08d}", encode_datum(rng.integers(0, 256, (1, 3, 3), dtype=np.uint8), i % 3))
+    (tmp_path / "net.prototxt").write_text(NET.replace("caffe_state_set", "toy_lmdb?shuffle=true"))
+    (tmp_path / "solver.prototxt").write_text(
+        'net: "net.prototxt" base_lr: 0.1 momentum: 0.9 lr_policy: "fixed" max_iter: 10 display: 0 random_seed: 5 '
+        'snapshot_prefix: "snap"\n'
+    )
+
+    def losses(solver, n):
+        out = []
+        solver.on_iteration.append(lambda s, loss, lr: out.append(loss))
+        solver.step(n)
+        return out
+
+    full = losses(get_solver("solver.prototxt", log=lambda m: None), 10)
+    a = get_solver("solver.prototxt", log=lambda m: None)
+    losses(a, 4)
+    _, state = a.snapshot()
+    b = get_solver("solver.prototxt", log=lambda m: None)
+    b.restore(state)
+    assert losses(b, 6) == full[4:]
