@@ -430,3 +430,30 @@ def test_lenet_trains_the_same_from_a_converted_mnist_lmdb(tmp_path, monkeypatch
         runs[kind] = (losses, tests)
     assert runs["lmdb"] == runs["memory"]
     assert len(runs["lmdb"][0]) == 30 and len(runs["lmdb"][1]) == 2
+
+
+def test_a_leveldb_open_in_another_process_says_so(tmp_path):
+    pytest.importorskip("plyvel", reason="the data extra (plyvel) is not installed")
+    import subprocess
+    import sys
+
+    db = tmp_path / "busy_leveldb"
+    with Writer(str(db), "LEVELDB") as w:
+        w.put("0", encode_datum(np.zeros((1, 2, 2), np.uint8), 0))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import plyvel, sys; d = plyvel.DB({str(db)!r}); print('open', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(LayerError, match="another process has it open: LevelDB allows one process at a time"):
+            data_layer(str(db), 1)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)

@@ -176,7 +176,13 @@ class LevelDBReader(DB):
             self.keys = list(self.db.iterator(include_value=False))
         except plyvel.Error as e:
             raise DatasetError(
-                f"LevelDB database '{self.path}' cannot be read: {_text(e)} (a corrupt database?)"
+                f"LevelDB database '{self.path}' cannot be read: {_text(e)} "
+                + (
+                    "(another process has it open: LevelDB allows one process at a time, in Caffe too; "
+                    "convert to LMDB, which any number of readers share)"
+                    if "/LOCK" in _text(e)
+                    else "(a corrupt database?)"
+                )
             ) from None
 
     def get(self, key):
