@@ -59,6 +59,7 @@ STOP = 15  # rank 0 -> all: stop after iteration `clock - 1`
 REFUSE = 16  # UTF-8 reason, sent before a connection is closed
 NORM = 17  # float64 partial sum of squares of a shard's gradient (clip_gradients)
 FACTOR = 18  # sufficient factors of an SFB layer (minicaffe.dist.poseidon): key = 2 * blob + (0: u, 1: v)
+SFB_HIST = 19  # on resume, node 0 -> all: an SFB layer's whole history buffer, key = h * n_blobs + blob
 
 KIND_NAMES = {
     v: k

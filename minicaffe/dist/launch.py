@@ -49,6 +49,19 @@ def add_arguments(parser):
     g.add_argument(
         "--connect-timeout", type=float, default=60.0, help="seconds to wait for the other nodes at start-up"
     )
+    # Poseidon's two ideas (minicaffe/dist/poseidon.py, docs/POSEIDON.md)
+    g.add_argument(
+        "--comm",
+        choices=("ps", "sfb", "hybrid"),
+        default="hybrid",
+        help="per layer: parameter server, sufficient factors, or the cheaper by Poseidon's cost rule (default)",
+    )
+    g.add_argument(
+        "--wfbp",
+        choices=("on", "off"),
+        default="on",
+        help="wait-free backprop: sync each layer as soon as its backward is done (default on)",
+    )
 
 
 def _env_int(name):
@@ -195,7 +208,9 @@ def config_hashes(solver):
 
 def make_transport(args, solver, log):
     settings = node_settings(args)
-    limit = max(p.count for p in solver.net.learnable_params) * solver.net.dtype.itemsize
+    from .poseidon import frame_limit
+
+    limit = max(max(p.count for p in solver.net.learnable_params) * solver.net.dtype.itemsize, frame_limit(solver.net))
     config = config_hashes(solver)
     link = None
     if args.link:
@@ -287,7 +302,14 @@ def train(solver, args, log, out_dir=None):
     resume = bool(getattr(args, "resume", None)) and rank == 0
     threads = blas_threads(args.workers)
     log(f"node {rank}: BLAS threads {threads} ({local_nodes()} node(s) on this machine, {args.workers} worker(s) each)")
-    node = Node(solver, transport, staleness=args.staleness, workers=args.workers, log=log, resume=resume)
+    wfbp = args.wfbp == "on"
+    slots = args.staleness + 2 if wfbp else None  # WFBP: the next clock's gradients go to another slot
+    node = Node(
+        solver, transport, staleness=args.staleness, workers=args.workers, log=log, resume=resume, gradient_slots=slots
+    )
+    from .poseidon import Poseidon
+
+    poseidon = Poseidon(node, comm=args.comm, wfbp=wfbp, log=log)
     previous = None
     if rank != 0 and os.environ.get(LAUNCHED_ENV):
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # node 0 decides when to stop
@@ -305,6 +327,7 @@ def train(solver, args, log, out_dir=None):
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     reports = node.finish()
+    poseidon.close()
     mine = reports[rank]
     log(
         f"node {rank}: {mine['iterations']} iterations, {mine['bytes_per_iter'] / 1e6:.3f} MB/iteration "
@@ -315,7 +338,9 @@ def train(solver, args, log, out_dir=None):
         log(
             f"    {name:>12}: sent {s['sent'] / 1e6:9.3f} MB, received {s['received'] / 1e6:9.3f} MB, wait {s['wait_s']:.3f} s"
         )
+    log(poseidon.bytes_table(mine["iterations"]))
     record = {"kind": "dist", "world": world, "transport": args.dist, "link": args.link}
+    record.update(comm=args.comm, wfbp=wfbp, poseidon=poseidon.report(mine["iterations"]))
     record["nodes"] = {str(r): {k: v for k, v in rep.items() if k != "timeline"} for r, rep in sorted(reports.items())}
     if out_dir is not None and rank == 0:
         from .timeline import plot_timeline

@@ -52,6 +52,17 @@ def _quiet(_message):
     pass
 
 
+def frame_limit(net):
+    """The largest FACTOR frame a run of ``net`` can send: a node's whole batch of u or v rows of
+    one InnerProduct layer (a transport refuses frames over its limit before reading them)."""
+    out = 0
+    for i, layer in enumerate(net.layers):
+        if layer.type == "InnerProduct":
+            top, bottom = net.top_vecs[i][0], net.bottom_vecs[i][0]
+            out = max(out, top.count * net.dtype.itemsize, bottom.count * net.dtype.itemsize)
+    return out
+
+
 class SFBLayer:
     """One SFB layer's geometry and buffers: U, V per clock slot; rows of every node."""
 
@@ -146,6 +157,8 @@ class Poseidon:
         node.combined_by_hooks = self.wfbp and node.n_workers > 1
         node.extra_waits.append(self.wait_all)
         node.extra_handlers[F.FACTOR] = self
+        node.extra_handlers[F.SFB_HIST] = self
+        self.hist_pending = None  # on resume: SFB history frames still to come from node 0
         self.handles = []
         for k, net in enumerate(self.replicas):
             self.handles.append(
@@ -173,11 +186,34 @@ class Poseidon:
             self.started = True
             for i in self.sfb_blobs:
                 self.sfb_net.learnable_params[i].flat_data[...] = self.node.params(i)
+            self._resume_history(solver)
             self.sfb_solver.iter = solver.iter
             self.sfb_solver.current_step = solver.current_step
             self.version = {l: solver.iter for l in self.sfb}
             self.iter0 = solver.iter
             self.thread.start()
+
+    def _resume_history(self, solver):
+        """A resumed run: node 0 restored the Solver's history; every node needs the SFB layers'."""
+        node, n = self.node, self.node.n_blobs
+        if self.rank == 0:
+            if not node.resume or not self.sfb_blobs:
+                return
+            for h, hist in enumerate(self.sfb_solver.history):
+                for i in self.sfb_blobs:
+                    hist[i][...] = solver.history[h][i].reshape(-1)
+                    for dst in range(1, self.world):
+                        node.transport.send(dst, F.SFB_HIST, h * n + i, solver.iter, hist[i])
+            return
+        state = (node.init_pending or {}).get("state") or {}
+        if not state.get("resume") or not self.sfb_blobs:
+            return
+        want = len(self.sfb_solver.history) * len(self.sfb_blobs)
+        with node.cv:
+            while node.error is None and (self.hist_pending or 0) < want:
+                node.cv.wait(0.5)
+            if node.error is not None:
+                raise DistError(f"node {self.rank}: {node.error} (waiting for the SFB layers' history)")
 
     def on_gradients_ready(self, solver):
         if not self.wfbp:  # the whole backward is done: the SFB syncs start now, top layer first
@@ -285,6 +321,11 @@ class Poseidon:
         self._count(clock, l)
 
     def destination(self, src, h):
+        if h.kind == F.SFB_HIST:
+            hist, i = divmod(h.key, self.node.n_blobs)
+            if src != 0 or self.rank == 0 or i not in self.sfb_blobs or hist >= len(self.sfb_solver.history):
+                raise F.FrameError(f"SFB_HIST key {h.key} from node {src} is not an SFB layer's history")
+            return self.sfb_solver.history[hist][i]
         w, part = divmod(h.key, 2)
         l = self.blob_layer.get(w)
         if l not in self.sfb or self.sfb[l].blobs[0] != w:
@@ -296,8 +337,19 @@ class Poseidon:
         return self.sfb[l].block(h.clock % self.slots, src, part)
 
     def arrived(self, src, h, array):
+        if h.kind == F.SFB_HIST:
+            with self.node.cv:
+                self.hist_pending = (self.hist_pending or 0) + 1
+                self.node.cv.notify_all()
+            return
         if h.key % 2 == 1:  # u and v of a node travel in order: v completes its block
             self._count(h.clock, self.blob_layer[h.key // 2])
+
+    def key_name(self, kind, key):
+        """'fc6/w u' / 'fc6/w v': the blob and the factor a FACTOR frame's key names."""
+        if kind == F.SFB_HIST:
+            return f"{self.node.blob_names[key % self.node.n_blobs]} history"
+        return f"{self.node.blob_names[key // 2]} {'uv'[key % 2]}"
 
     def control(self, src, h, payload):
         raise F.FrameError("FACTOR frames carry tensors, not control payloads", f"node {src}")
@@ -422,6 +474,25 @@ class Poseidon:
                 f"  {name:<10} {method:<6} {rule:>12,.0f} {head:>10,} {m:>12,.0f} {m / max(rule + head, 1):>7.3f}"
             )
         return "\n".join(lines)
+
+    def report(self, iterations):
+        """For train_log.json: per layer the method, predicted and measured bytes per iteration."""
+        measured = self.measured_bytes(iterations)
+        return {
+            "comm": self.comm,
+            "wfbp": self.wfbp,
+            "sfb_wait_s": self.sfb_wait,
+            "layers": {
+                name: {
+                    "method": "sfb" if any(s.name == name for s in self.sfb.values()) else "ps",
+                    "predicted_bytes": rule,
+                    "header_bytes": head,
+                    "measured_bytes": measured[name],
+                }
+                for name, (rule, head) in self.predicted_bytes().items()
+            },
+            "timeline": self.timeline[:4000],
+        }
 
     def close(self):
         with self.node.cv:

@@ -39,7 +39,8 @@ layer can be synchronized on its own:
                                      slice has that version); call it from the before-forward hook.
     ``node.blob_names[i]``, ``node.grad(i)`` (this node's gradient of blob i, already scaled),
     ``node.params(i)`` (the parameter array every slice lands in), ``node.transport`` (send your
-    own frames: kinds and keys in frames.py; ``node.extra_handlers[kind]`` receives them).
+    own frames: kinds and keys in frames.py; ``node.extra_handlers[kind]`` receives them and
+    names their keys with ``key_name(kind, key)``).
 
     What Poseidon's runtime (``minicaffe.dist.poseidon``) sets: ``Node(..., gradient_slots=s + 2)``
     for wait-free backprop, and before ``start()``:
@@ -235,6 +236,7 @@ class Node:
         # the extension point's switches (see the module docstring)
         self.ps_blobs = list(range(self.n_blobs))
         self.hooked_push = self.deferred_wait = self.combined_by_hooks = False
+        self.history_asked = False
         self.extra_waits = []
         self.clock = 0  # the clock being computed
         self.server_version = 0  # clocks below it are applied by this shard
@@ -377,6 +379,7 @@ class Node:
     def control(self, src, h, payload):
         if h.kind in self.extra_handlers:
             return self.extra_handlers[h.kind].control(src, h, payload)
+        late = False
         with self.cv:
             if h.kind == F.STATE and self.init_pending is not None:
                 state = F.decode_json(payload, f"node {src}")
@@ -386,7 +389,10 @@ class Node:
                         len(self.solver.history) for i in range(self.n_blobs) if np.diff(self.bounds[i][self.rank])[0]
                     )
             elif h.kind == F.HIST_REQ:
-                self.hist_requests.add(h.clock)
+                # with wait-free backprop this shard may have applied that clock already
+                late = self.server_version >= h.clock
+                if not late:
+                    self.hist_requests.add(h.clock)
             elif h.kind == F.STOP:
                 self.stop_at = h.clock
             elif h.kind == F.ABORT:
@@ -395,6 +401,8 @@ class Node:
             else:
                 raise F.FrameError(f"unexpected {F.KIND_NAMES[h.kind]} frame", f"node {src}")
             self.cv.notify_all()
+        if late:
+            self._send_history(h.clock)
 
     def failed(self, message):
         with self.cv:
@@ -607,6 +615,8 @@ class Node:
             if past and self._hooks is not None:
                 self._hooks.remove()  # the timeline covers the first clocks only
                 self._hooks = None
+            if self.hooked_push:
+                self.history_asked = self._ask_history(self.clock + 1)
             slot = self.clock % self.n_slots
             if self.n_workers == 1 and self.n_slots > 1:
                 self.replicas[0][1].attach_diff(self.G[slot])
@@ -647,6 +657,36 @@ class Node:
             )
         return float(np.dot(w, losses))
 
+    def _ask_history(self, nxt):
+        """Node 0, before a snapshot at version ``nxt``: ask every shard for its history slices
+        (they answer once their update of clock nxt - 1 is done, or at once if it is).  -> asked?
+        With wait-free backprop (``hooked_push``) this runs when the clock starts: the pushes
+        leave during the backward, so a shard could finish the clock, and its node the run,
+        before a request sent from ``sync()`` reached it."""
+        p, solver = self.solver.param, self.solver
+        want = self.rank == 0 and bool(self.ps_blobs) and (
+            (p.snapshot and nxt % p.snapshot == 0)
+            or (nxt >= p.max_iter and p.snapshot_after_train)
+            or (self.stop_at is not None and nxt >= self.stop_at)
+        )
+        if not want:
+            return False
+        with self.cv:
+            self.hist_pending += sum(
+                len(solver.history)
+                for s in range(1, self.world)
+                for i in self.ps_blobs
+                if self.bounds[i][s][1] > self.bounds[i][s][0]
+            )
+            late = self.server_version >= nxt  # wait-free backprop: the update may be done
+            if not late:
+                self.hist_requests.add(nxt)
+        if late:
+            self._send_history(nxt)
+        for dst in range(1, self.world):
+            self.transport.send(dst, F.HIST_REQ, 0, nxt)
+        return True
+
     def sync(self):
         """The default schedule: push every blob (last layer first), then wait for the versions
         this node may compute the next clock with."""
@@ -666,26 +706,8 @@ class Node:
             self.stop_at = nxt
             for dst in range(1, self.world):
                 self.transport.send(dst, F.STOP, 0, nxt)
-        want_hist = (
-            self.rank == 0
-            and bool(self.ps_blobs)
-            and (
-                (p.snapshot and nxt % p.snapshot == 0)
-                or (nxt >= p.max_iter and p.snapshot_after_train)
-                or (self.stop_at is not None and nxt >= self.stop_at)
-            )
-        )
-        if want_hist:
-            with self.cv:
-                self.hist_pending += sum(
-                    len(solver.history)
-                    for s in range(1, self.world)
-                    for i in self.ps_blobs
-                    if self.bounds[i][s][1] > self.bounds[i][s][0]
-                )
-                self.hist_requests.add(nxt)
-            for dst in range(1, self.world):
-                self.transport.send(dst, F.HIST_REQ, 0, nxt)
+        want_hist = self.history_asked or self._ask_history(nxt)
+        self.history_asked = False
         if not self.hooked_push:
             for i in reversed(self.ps_blobs):
                 self.push(i, c)
@@ -736,6 +758,12 @@ class Node:
         if self.rank == 0 and any(cb is self._stop_guard for cb in self.solver.callbacks):
             self.solver.remove_callback(self._stop_guard)
 
+    def key_name(self, kind, key):
+        """The blob a frame's key names (an extra handler's own kinds name their keys themselves)."""
+        if kind in self.extra_handlers:
+            return self.extra_handlers[kind].key_name(kind, key)
+        return self.blob_names[key] if 0 <= key < self.n_blobs else str(key)
+
     def report(self):
         """Per-layer bytes and waiting, compute vs sync time: for the log and train_log.json."""
         clocks = max(self.solver.iter - (self.iter0 or 0), 1)
@@ -762,7 +790,7 @@ class Node:
             "t_origin": self.t_origin_wall,
             "timeline": self.timeline[:4000]
             + [
-                (lane, t0 - self.t_origin, t1 - self.t_origin, f"{F.KIND_NAMES[kind]} {self.blob_names[key]}")
+                (lane, t0 - self.t_origin, t1 - self.t_origin, f"{F.KIND_NAMES[kind]} {self.key_name(kind, key)}")
                 for lane, t0, t1, kind, key in self.transport.stats.events[:4000]
             ],
         }
