@@ -127,9 +127,13 @@ def test_plan_refuses_bad_mode_and_shared_weights():
 
 
 def test_cost_cli(capsys):
-    assert cost.main(["lenet", "--nodes", "2", "16", "--synthetic"]) == 0
+    assert cost.main(["lenet", "--nodes", "2", "16", "--synthetic", "--batch-per-node"]) == 0
     out = capsys.readouterr().out
     assert out.count("HybComm plan") == 2 and "800,000" in out and "2,496,000" in out
+    # by default the net's batch of 64 is the run's: 16 rows per node on 4 nodes
+    assert cost.main(["lenet", "--nodes", "4", "--synthetic"]) == 0
+    out = capsys.readouterr().out
+    assert f"{cost.sfb_floats(16, 500, 800, 4):,.0f}" in out
     assert cost.main(["no_such_net"]) == 1
     assert "no net 'no_such_net'" in capsys.readouterr().err
 

@@ -110,11 +110,12 @@ def sfb_eligibility(net, i, entries=None):
     return True, ""
 
 
-def plan(net, nodes, servers=None, comm="hybrid", workers=1, iter_size=1):
+def plan(net, nodes, servers=None, comm="hybrid", workers=1, iter_size=1, global_batch=False):
     """The per-layer synchronization plan of ``net`` on ``nodes`` nodes: a list of LayerCost.
 
     ``workers`` threads per node and ``iter_size`` accumulate their rows into one node's batch,
-    so K = rows per forward x workers x iter_size.
+    so K = rows per forward x workers x iter_size. ``global_batch``: the net's batch is the
+    whole run's (as ``python -m minicaffe.train --nodes`` reads it), so a node has 1/P of it.
     """
     if comm not in COMM_MODES:
         raise MinicaffeError(f"--comm must be one of {', '.join(COMM_MODES)}, got '{comm}'")
@@ -138,6 +139,8 @@ def plan(net, nodes, servers=None, comm="hybrid", workers=1, iter_size=1):
             lc.n = net.learnable_params[own[0]].count // lc.m
             rows = net.top_vecs[i][0].count // lc.m
             lc.k = rows * workers * iter_size
+            if global_batch:
+                lc.k = -(-lc.k // p1)  # the largest node's share
             lc.ps_rule = ps_floats(lc.m, lc.n, p1, p2)
             lc.sfb_rule = sfb_floats(lc.k, lc.m, lc.n, p1)
         else:
@@ -184,6 +187,12 @@ def build_parser():
     p.add_argument("--nodes", type=int, nargs="+", default=[4], help="P1 = P2 = nodes (several values: one table each)")
     p.add_argument("--comm", choices=COMM_MODES, default="hybrid")
     p.add_argument("--workers", type=int, default=1, help="threads per node (their rows add up to K)")
+    p.add_argument(
+        "--batch-per-node",
+        action="store_true",
+        help="the net's batch is each node's K (Poseidon's convention); by default it is the whole "
+        "run's batch, split over the nodes as python -m minicaffe.train --nodes does",
+    )
     p.add_argument("--synthetic", action="store_true", help="Data layers read synthetic images (no download)")
     return p
 
@@ -201,7 +210,8 @@ def main(argv=None):
             param = with_synthetic_data(param, count=256)
         net = Net(param, "TRAIN")
         for nodes in args.nodes:
-            print(format_plan(plan(net, nodes, comm=args.comm, workers=args.workers), nodes, comm=args.comm))
+            costs = plan(net, nodes, comm=args.comm, workers=args.workers, global_batch=not args.batch_per_node)
+            print(format_plan(costs, nodes, comm=args.comm))
             print()
         return 0
     except MinicaffeError as exc:

@@ -59,8 +59,8 @@ def add_arguments(parser):
     g.add_argument(
         "--wfbp",
         choices=("on", "off"),
-        default="on",
-        help="wait-free backprop: sync each layer as soon as its backward is done (default on)",
+        default="off",
+        help="wait-free backprop: sync each layer as soon as its backward is done (default off)",
     )
 
 

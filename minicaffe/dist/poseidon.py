@@ -148,8 +148,9 @@ class Poseidon:
         self.started = False
         self.closed = False
         self.sfb_wait = 0.0
-        self.timeline = []  # (lane, layer, start, end, clock) over the first clocks
-        self.timeline_clocks = 4
+        self.timeline = []  # (lane, layer, start, end, clock) over clocks iter0 + [2, 12)
+        self.timeline_window = (2, 12)  # past clock 0 (numba compiles) and clock 1
+        self._watch = []  # (clock, layer, started): PS syncs whose end the watcher records
         self.lock = threading.Lock()
         # -- join the Node, the replicas and the Solver
         node.ps_blobs = [i for i in range(node.n_blobs) if i not in self.sfb_blobs]
@@ -171,7 +172,7 @@ class Poseidon:
             )
         solver.add_callback(self)
         self.thread = threading.Thread(target=self._serve, name="minicaffe-sfb", daemon=True)
-        self._t_forward = self._t_backward = 0.0
+        self._t_forward = self._t_backward = self._t_ready = 0.0
         self._sync_t0 = {}  # (clock, layer) -> when its sync started (timeline clocks only)
         self.iter0 = None
         if self.rank == 0:
@@ -182,6 +183,9 @@ class Poseidon:
 
     # -- Solver callbacks ----------------------------------------------------------------------
     def on_start(self, solver):
+        if self.started and self.recording(solver.iter):  # iteration boundaries, for the timeline
+            with self.lock:
+                self.timeline.append(("iteration", "", self._now(), self._now(), solver.iter))
         if not self.started:  # the Node has started: W holds the run's initial parameters
             self.started = True
             for i in self.sfb_blobs:
@@ -192,6 +196,8 @@ class Poseidon:
             self.version = {l: solver.iter for l in self.sfb}
             self.iter0 = solver.iter
             self.thread.start()
+            if self.layer_blobs and len(self.sfb) < len(self.layer_blobs):
+                threading.Thread(target=self._watcher, name="minicaffe-sync-watch", daemon=True).start()
 
     def _resume_history(self, solver):
         """A resumed run: node 0 restored the Solver's history; every node needs the SFB layers'."""
@@ -216,11 +222,18 @@ class Poseidon:
                 raise DistError(f"node {self.rank}: {node.error} (waiting for the SFB layers' history)")
 
     def on_gradients_ready(self, solver):
-        if not self.wfbp:  # the whole backward is done: the SFB syncs start now, top layer first
-            for l in sorted(self.sfb, reverse=True):
-                self._send_factors(l, self.node.clock)
+        self._t_ready = self._now()
+        if not self.wfbp:  # the whole backward is done: the syncs start now, top layer first
+            for l in sorted(self.layer_blobs, reverse=True):
+                if l in self.sfb:
+                    self._send_factors(l, self.node.clock)
+                else:  # (the Node's sync() pushes these right after)
+                    self._sync_started(l, self.node.clock, self._t_ready)
 
     def on_iteration(self, solver, loss, lr):
+        if not self.wfbp and self.recording(solver.iter - 1):  # the node waited in sync() for every layer
+            with self.lock:
+                self.timeline.append(("wait", "(all layers)", self._t_ready, self._now(), solver.iter - 1))
         p = solver.param
         due = (p.snapshot and solver.iter % p.snapshot == 0) or solver.iter >= p.max_iter or solver.requested_stop
         if self.rank == 0 and due and self.sfb:
@@ -233,9 +246,12 @@ class Poseidon:
     def _now(self):
         return time.perf_counter() - self.node.t_origin
 
+    def recording(self, clock):
+        return self.started and self.timeline_window[0] <= clock - self.iter0 < self.timeline_window[1]
+
     def _record(self, lane, l, start, end):
         clock = self.node.clock
-        if self.started and clock - self.iter0 < self.timeline_clocks:
+        if self.recording(clock):
             with self.lock:
                 self.timeline.append((lane, self.replicas[0].layer_names[l], start, end, clock))
 
@@ -302,11 +318,29 @@ class Poseidon:
             self._sync_started(l, clock, t0)
 
     def _sync_started(self, l, clock, t0):
-        if self.started and clock - self.iter0 < self.timeline_clocks:
+        if self.recording(clock):
             with self.lock:
-                self._sync_t0[(clock, l)] = t0
-                if l not in self.sfb:  # a PS sync ends when the last PARAM slice lands (node.timeline)
-                    self.timeline.append(("push", self.replicas[0].layer_names[l], t0, t0, clock))
+                if l in self.sfb:  # the SFB thread records its end
+                    self._sync_t0[(clock, l)] = t0
+                else:  # the watcher records when the last PARAM slice has landed
+                    with self.node.cv:
+                        self._watch.append((clock, l, t0))
+                        self.node.cv.notify_all()
+
+    def _watcher(self):
+        """Timeline only: the end of each PS sync in the recorded clocks (all slices at clock + 1)."""
+        node, end = self.node, self.iter0 + self.timeline_window[1]
+        name = self.replicas[0].layer_names
+        with node.cv:
+            while not self.closed and node.error is None:
+                for item in list(self._watch):
+                    clock, l, t0 = item
+                    if all(node.versions[i].min() >= clock + 1 for i in self.layer_blobs[l]):
+                        self._watch.remove(item)
+                        self.timeline.append(("sync", name[l], t0, self._now(), clock))
+                if not self._watch and node.clock >= end:
+                    return
+                node.cv.wait(0.2)
 
     # -- SFB: sending, receiving, rebuilding ---------------------------------------------------
     def _send_factors(self, l, clock):

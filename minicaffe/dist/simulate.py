@@ -76,9 +76,17 @@ class Link:
 
     bandwidth: float
     latency: float = 0.0
+    topology: str = "star"  # star: one link per node to a switch; mesh: one link per pair of nodes
 
     def __str__(self):
-        return f"{format_rate(self.bandwidth)}, {self.latency * 1e3:g} ms"
+        return f"{format_rate(self.bandwidth)}, {self.latency * 1e3:g} ms" + (
+            ", a link per pair" if self.topology == "mesh" else ""
+        )
+
+    def rate(self, nodes):
+        """Bytes/s one node can send (and receive) at once: a star shares one link among its
+        peers; a mesh (the transport's token bucket per connection) has one per peer."""
+        return self.bandwidth * (max(nodes - 1, 1) if self.topology == "mesh" else 1)
 
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -144,7 +152,7 @@ def sync_cost(layer, method, nodes, link):
         nbytes = sfb_floats(layer.k, layer.m, layer.n, nodes) * layer.itemsize
         wgrad = layer.backward / 2 if layer.wgrad is None else layer.wgrad
         rounds, cpu = 1, nodes * wgrad + layer.update  # broadcast; rebuild from P nodes' rows; update
-    return rounds * link.latency + nbytes / 2 / link.bandwidth, cpu, nbytes
+    return rounds * link.latency + nbytes / 2 / link.rate(nodes), cpu, nbytes
 
 
 # -- the event model -----------------------------------------------------------------------------
@@ -346,19 +354,20 @@ def _pair(p, name, default):
     return int(v), int(v)
 
 
-def flops_model(source, batch):
+def flops_model(source, batch=None):
     """Per-layer shapes, parameters and FLOPs of a net prototxt, without building it.
 
     Returns [{name, type, forward_flops, backward_flops, bytes, count, m, n, k}] for ``batch``
-    rows; covers the layer types of AlexNet/VGG-style nets (Input, Data, Convolution, Pooling,
-    InnerProduct, ReLU, LRN, Dropout, Softmax, SoftmaxWithLoss, Accuracy).
+    rows (default: the Data layer's batch_size); covers the layer types of AlexNet/VGG-style
+    nets (Input, Data with a ``synthetic:CxHxW`` source, Convolution, Pooling, InnerProduct,
+    ReLU, LRN, Dropout, Softmax, SoftmaxWithLoss, Accuracy), TRAIN phase.
     """
     from ..net import TRAIN, filter_layers, load_net_param
 
     param = load_net_param(source)
     shapes = {}
     for name, shape in zip(param.input, param.input_shape):
-        shapes[name] = [batch] + list(shape.dim)[1:]
+        shapes[name] = [batch or shape.dim[0]] + list(shape.dim)[1:]
     out = []
     for lp in filter_layers(param.layer, TRAIN):
         t = lp.type
@@ -368,10 +377,18 @@ def flops_model(source, batch):
         row = dict(name=lp.name, type=t, forward_flops=0.0, backward_flops=0.0, bytes=0.0, count=0)
         if t == "Input":
             for top, s in zip(lp.top, lp.input_param.shape):
-                shapes[top] = [batch] + list(s.dim)[1:]
+                shapes[top] = [batch or s.dim[0]] + list(s.dim)[1:]
             continue
         if t == "Data":
-            raise MinicaffeError(f"simulate: layer '{lp.name}': give a deploy net (input: / Input) for --plan")
+            src = lp.data_param.source
+            if not src.startswith("synthetic:"):
+                raise MinicaffeError(f"simulate: layer '{lp.name}': its data shape is unknown ('{src}'); use synthetic data")
+            chw = [int(d) for d in src.split(":")[1].split("x")]
+            b = batch or int(lp.data_param.batch_size)
+            shapes[lp.top[0]] = [b] + chw
+            if len(lp.top) > 1:
+                shapes[lp.top[1]] = [b]
+            continue
         x = bottom[0]
         if t == "Convolution":
             p = lp.convolution_param
