@@ -41,14 +41,18 @@ def label(comm, wfbp):
     return f"{comm}{'+WFBP' if wfbp == 'on' else ''}"
 
 
-def synthetic_solver(net, workdir, iters):
-    """A solver prototxt (and its net) reading synthetic data: no download, same shapes."""
+def synthetic_solver(net, workdir, iters, batch=None):
+    """A solver prototxt (and its net) reading synthetic data: no download, same shapes;
+    ``batch`` replaces the TRAIN Data layer's batch_size (the whole run's batch)."""
     from minicaffe import proto
     from minicaffe.parallel import with_synthetic_data
     from minicaffe.tools.common import resolve_net, resolve_solver
 
     sp = proto.parse_file(resolve_solver(net), "SolverParameter")
     npar = with_synthetic_data(proto.parse_file(resolve_net(net, "train_test"), "NetParameter"), count=1024)
+    for lp in npar.layer:
+        if batch and lp.type == "Data":
+            lp.data_param.batch_size = batch
     net_path = os.path.join(workdir, f"{net}_net.prototxt")
     with open(net_path, "w") as f:
         f.write(proto.to_text(npar))
@@ -70,8 +74,8 @@ def namespaces_ok():
     return why_not()
 
 
-def run_one(net, nodes, link, comm, wfbp, iters, workdir, use_ns, timeout):
-    solver, batch = synthetic_solver(net, workdir, iters)
+def run_one(net, nodes, link, comm, wfbp, iters, workdir, use_ns, timeout, batch=None):
+    solver, batch = synthetic_solver(net, workdir, iters, batch)
     out = os.path.join(workdir, f"{net}_{nodes}_{link}_{comm}_{wfbp}")
     train = [sys.executable, "-m", "minicaffe.train", solver, "--iters", str(iters), "--test-interval", "0"]
     train += ["--no-plot", "--output", out, "--force", "--comm", comm, "--wfbp", wfbp]
@@ -114,14 +118,14 @@ def parse_run(out, batch, nodes, warmup=2):
 
 
 # -- the simulator, fed with each run's own per-layer times --------------------------------------
-def simulated(run, net, nodes, link, comm, wfbp, topology):
+def simulated(run, net, nodes, link, comm, wfbp, topology, batch=None):
     from minicaffe import proto
     from minicaffe.dist import simulate as sim
     from minicaffe.parallel import with_synthetic_data
     from minicaffe.tools.common import resolve_net
 
     param = with_synthetic_data(proto.parse_file(resolve_net(net, "train_test"), "NetParameter"))
-    batch = next(lp.data_param.batch_size for lp in param.layer if lp.type == "Data") // nodes
+    batch = (batch or next(lp.data_param.batch_size for lp in param.layer if lp.type == "Data")) // nodes
     rows = {r["name"]: r for r in sim.flops_model(param, batch)}
     fwd, bwd = {}, {}
     for lane, name, t0, t1, _ in run["timeline"]:
@@ -258,6 +262,7 @@ def main(argv=None):
         "--modes", nargs="+", default=[f"{c}:{w}" for c, w in MODES], help="comm:wfbp, e.g. ps:off hybrid:on"
     )
     p.add_argument("--iters", type=int, default=8, help="iterations per run (the first 2 are not timed)")
+    p.add_argument("--batch", type=int, help="the run's batch (all nodes together) instead of the net's")
     p.add_argument("--limiter", action="store_true", help="use the transport's token bucket even where root")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "poseidon_results.json"))
@@ -288,8 +293,11 @@ def main(argv=None):
                     for link in args.links:
                         for mode in args.modes:
                             comm, wfbp = mode.split(":")
-                            key = "|".join([net, str(nodes), link, comm, wfbp])
-                            r = run_one(net, nodes, link, comm, wfbp, args.iters, work, use_ns, args.timeout)
+                            name = net + (f"@{args.batch}" if args.batch else "")
+                            key = "|".join([name, str(nodes), link, comm, wfbp])
+                            r = run_one(
+                                net, nodes, link, comm, wfbp, args.iters, work, use_ns, args.timeout, args.batch
+                            )
                             r["update_s_per_param"] = per_param
                             r["topology"] = "star" if use_ns else "mesh"
                             r["load"] = os.getloadavg()[0]
@@ -303,7 +311,8 @@ def main(argv=None):
         if "error" in r:
             continue
         net, nodes, link, comm, wfbp = key.split("|")
-        r["predicted_s"] = simulated(r, net, int(nodes), link, comm, wfbp, r.get("topology", "star"))
+        net = net.split("@")[0]
+        r["predicted_s"] = simulated(r, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), r.get("batch"))
     print(table(results))
     print()
     print("simulator validation (per-layer times from each run, the link, the WFBP schedule):")

@@ -176,3 +176,64 @@ def test_refusals():
     with pytest.raises(MinicaffeError, match="--comm"):
         run(2, "allreduce", False, iters=1)
     assert "FACTOR" in F.KIND_NAMES.values()
+
+
+# -- the same algorithms over MPI ----------------------------------------------------------------
+MPI_CHECK = """
+import sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from test_dist_poseidon_runtime import lenet_solver, reference
+from minicaffe.dist.launch import config_hashes
+from minicaffe.dist.mpi import MPITransport
+from minicaffe.dist.poseidon import Poseidon, frame_limit
+from minicaffe.dist.ps import Node
+
+solver = lenet_solver(3)
+limit = max(max(p.count for p in solver.net.learnable_params) * 4, frame_limit(solver.net))
+t = MPITransport(config_hashes(solver), limit, log=lambda m: None)
+node = Node(solver, t, gradient_slots=2)
+pos = Poseidon(node, "hybrid", True, log=lambda m: None)
+solver.set_gradient_source(node.gradient_source)
+solver.set_updater(node.updater)
+node.start()
+solver.step(3)
+node.finish()
+want = reference(3)
+err = max(float(np.abs(p.data - w).max() / np.abs(w).max()) for p, w in zip(solver.net.learnable_params, want))
+np.save({out!r} + f"/ip1_{{t.rank}}.npy", solver.net.layer_dict["ip1"].blobs[0].data)
+ratios = [m / (r + h) for (r, h), m in zip(pos.predicted_bytes().values(), pos.measured_bytes(3).values())]
+print(f"rank {{t.rank}}: relative difference {{err:.3g}}, SFB layers {{sorted(s.name for s in pos.sfb.values())}}, "
+      f"bytes measured / predicted {{min(ratios):.3f}}..{{max(ratios):.3f}}")
+sys.exit(0 if err <= 1e-4 and all(abs(r - 1) <= 0.05 for r in ratios) else 3)
+"""
+
+
+def test_hybrid_wfbp_over_mpi(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        pytest.skip("mpi4py is not installed (pip install 'minicaffe[mpi]')")
+    mpiexec = shutil.which("mpiexec") or os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        pytest.skip("mpiexec not found next to the Python interpreter or on PATH")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "check.py"
+    script.write_text(MPI_CHECK.format(tests=os.path.join(root, "tests"), out=str(tmp_path)))
+    env = dict(os.environ, PYTHONPATH=root)
+    r = subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("SFB layers ['ip1']") == 2, r.stdout
+    assert np.array_equal(np.load(tmp_path / "ip1_0.npy"), np.load(tmp_path / "ip1_1.npy"))  # replicas bitwise
