@@ -136,12 +136,15 @@ def simulated(run, net, nodes, link, comm, wfbp, topology, batch=None):
     for name, r in rows.items():
         lay = sim.Layer(name, statistics.median(fwd.get(name, [0.0])), statistics.median(bwd.get(name, [0.0])))
         lay.count = r["count"]
-        lay.update = r["count"] * per_param * nodes / max(os.cpu_count() or 1, 1)
+        lay.update = r["count"] * per_param
         if r["type"] == "InnerProduct":
             lay.m, lay.n, lay.k = r["m"], r["n"], r["k"]
+            lay.wgrad = lay.forward  # dW over K rows: the forward's GEMM, transposed
         layers.append(lay)
     l = sim.Link(sim.parse_rate(link), sim.parse_seconds(run.get("latency", DELAY)), topology=topology)
-    return sim.simulate(layers, nodes, l, comm, wfbp == "on").period
+    # P node processes share this machine's cores: a sync's CPU work comes out of the compute
+    busy = nodes > (os.cpu_count() or 1) // 2
+    return sim.simulate(layers, nodes, l, comm, wfbp == "on", cpu_overlap=not busy).period
 
 
 def overhead(run):
@@ -228,7 +231,7 @@ def plot_timelines(results, key_off, key_on, path):
     names = []
     for _, r in runs:
         for e in r["timeline"]:
-            if e[1] not in names and not e[1].startswith("("):
+            if e[0] in ("forward", "backward", "sync") and e[1] not in names and not e[1].startswith("("):
                 names.append(e[1])
     colors = {n: f"C{j % 10}" for j, n in enumerate(names)}
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.9 * len(runs) + 0.6), squeeze=False)
@@ -282,7 +285,6 @@ def main(argv=None):
             + (f" ({why})" if why else "")
         )
         print(f"load before: {os.getloadavg()}")
-        per_param = sim.update_seconds_per_param()
         results = {}
         if os.path.exists(args.out):
             with open(args.out) as f:
@@ -298,7 +300,6 @@ def main(argv=None):
                             r = run_one(
                                 net, nodes, link, comm, wfbp, args.iters, work, use_ns, args.timeout, args.batch
                             )
-                            r["update_s_per_param"] = per_param
                             r["topology"] = "star" if use_ns else "mesh"
                             r["load"] = os.getloadavg()[0]
                             results[key] = r
@@ -307,9 +308,11 @@ def main(argv=None):
                             with open(args.out, "w") as f:
                                 json.dump({"results": results}, f)
         doc = {"results": results}
+    per_param = sim.update_seconds_per_param()  # memory-bound: measured here, now
     for key, r in results.items():
         if "error" in r:
             continue
+        r["update_s_per_param"] = per_param
         net, nodes, link, comm, wfbp = key.split("|")
         net = net.split("@")[0]
         r["predicted_s"] = simulated(r, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), r.get("batch"))
@@ -324,7 +327,9 @@ def main(argv=None):
         if keys:
             _, nodes, link, _, _ = sorted(keys)[-1].split("|")
             stem = "|".join([net, nodes, link])
-            plot_timelines(results, stem + "|ps|off", stem + "|hybrid|on", f"{base}_timeline_{net}.png")
+            plot_timelines(
+                results, stem + "|ps|off", stem + "|hybrid|on", f"{base}_timeline_{net.replace('@', '_b')}.png"
+            )
     if not args.report:
         with open(args.out, "w") as f:
             json.dump(doc, f)

@@ -177,11 +177,13 @@ class Result:
         return max(self.period - self.compute, 0.0) / self.period if self.period > 0 else 0.0
 
 
-def simulate(layers, nodes, link, comm="hybrid", wfbp=True, iterations=8, compute_scale=1.0):
+def simulate(layers, nodes, link, comm="hybrid", wfbp=True, iterations=8, compute_scale=1.0, cpu_overlap=True):
     """Run the schedule for ``iterations`` iterations; the period is measured over the last ones.
 
     ``compute_scale`` multiplies every compute time and CPU part of a sync (e.g. P node
-    processes sharing fewer cores: P / cores).
+    processes sharing fewer cores: P / cores). ``cpu_overlap=False``: the cores are all busy
+    computing, so every CPU second a sync needs (update, rebuild) is taken from the compute
+    (added to each iteration's compute) instead of overlapping it.
     """
     if comm not in COMM_MODES:
         raise MinicaffeError(f"comm must be one of {', '.join(COMM_MODES)}, got '{comm}'")
@@ -192,11 +194,14 @@ def simulate(layers, nodes, link, comm="hybrid", wfbp=True, iterations=8, comput
     fwd = [l.forward * compute_scale for l in layers]
     bwd = [l.backward * compute_scale for l in layers]
     methods = [method_of(l, nodes, comm) for l in layers]
-    sync, nbytes = [], 0.0
+    sync, nbytes, stolen = [], 0.0, 0.0
     for l, m in zip(layers, methods):
         net_s, cpu_s, b = sync_cost(l, m, nodes, link)
         sync.append(None if m is None else net_s + cpu_s * compute_scale)
         nbytes += b
+        stolen += 0.0 if m is None else cpu_s * compute_scale
+    if not cpu_overlap and n:
+        fwd[0] += stolen
     fresh = [0.0] * n  # when layer l's parameters for the next forward are in place
     t, comm_free = 0.0, 0.0
     starts, events = [], []
