@@ -20,7 +20,10 @@ for parameters.  Then transport efficiency: a 64 MiB tensor between two local no
 transport vs a raw socket copy in the same run (python -m minicaffe.dist.linkcheck), and the
 same on an emulated 1 Gbit/s link vs the link's rate.  Writes benchmarks/dist_results.json,
 benchmarks/dist_table.md and benchmarks/dist.png.  The machine's load (``uptime``) is printed
-with the table: every row shares the same cores, so compare rows, not absolute rates.
+with the table: every row shares the same cores, so compare rows, not absolute rates.  Each row
+runs in a session of its own (Linux's autogroup gives each session one share of a busy
+machine); mpiexec starts each rank in a session of its own, so where other work competes for
+the cores the MPI rows get more of them than the others.
 """
 
 import argparse
@@ -86,7 +89,10 @@ def measure(out_dir, batch, warmup):
 
 def run(cmd, env, timeout):
     t0 = time.time()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    # each row in a session of its own: with Linux's autogroup scheduling a session gets one
+    # fair share of a busy machine.  (mpiexec goes further and starts every rank in a session
+    # of its own, so on a shared machine an MPI row gets one share per rank: see the docs.)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT, start_new_session=True)
     if r.returncode != 0:
         tail = "\n".join((r.stdout + r.stderr).splitlines()[-8:])
         raise RuntimeError(f"{' '.join(cmd[:8])}... exited {r.returncode}:\n{tail}")
@@ -153,6 +159,7 @@ def linkcheck(env, emulate_ok, mb):
     cmd = [py, "-m", "minicaffe.dist.linkcheck", "--mb", str(mb), "--rounds", "5"]
     p1 = subprocess.Popen(cmd, env=dict(e, MINICAFFE_RANK="1"), cwd=ROOT)
     r0 = subprocess.run(cmd, env=dict(e, MINICAFFE_RANK="0"), capture_output=True, text=True, cwd=ROOT, timeout=600)
+    # (both ends share this script's session, as the two ends of the emulated run share theirs)
     p1.wait(60)
     out["loopback"] = json.loads(r0.stdout.strip().splitlines()[-1])
     if emulate_ok:
