@@ -457,3 +457,18 @@ def test_a_leveldb_open_in_another_process_says_so(tmp_path):
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
+
+
+def test_leveldbs_at_one_relative_path_in_two_directories(tmp_path, monkeypatch):
+    """LevelDB's in-process lock table is keyed by the path string: the same relative path in two
+    working directories must not look like one database (Caffe's example paths are relative)."""
+    pytest.importorskip("plyvel", reason="the data extra (plyvel) is not installed")
+    for k, where in enumerate(("a", "b")):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        with Writer("examples/pairs_leveldb", "LEVELDB") as w:
+            w.put("0", encode_datum(np.full((1, 2, 2), k, np.uint8), k))
+        layer, top = data_layer("examples/pairs_leveldb", 1)
+        layer.forward([], top)
+        assert top[1].data.tolist() == [k]
+        layer.stop()

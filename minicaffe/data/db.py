@@ -21,6 +21,7 @@ Caffe, plus ``lock=False``), so a database on a read-only disk works; every ``ge
 short read transaction, so the prefetch thread and the caller may read at once.
 """
 
+import atexit
 import os
 import threading
 from pathlib import Path
@@ -104,7 +105,17 @@ class DB:
 
 _envs = {}  # (real path, inode of data.mdb) -> open read-only lmdb.Environment
 _envs_lock = threading.Lock()
-_leveldbs = {}  # real path -> open plyvel.DB
+_leveldbs = {}  # (real path, inode) -> open plyvel.DB
+
+
+@atexit.register
+def _close_leveldbs():
+    """Close and drop the shared LevelDB handles while the interpreter is whole: a plyvel handle
+    still alive when modules are torn down fails there ("Error in sys.excepthook" at exit)."""
+    with _envs_lock:
+        for db in _leveldbs.values():
+            db.close()
+        _leveldbs.clear()
 
 
 def _shared_env(path):
@@ -168,11 +179,13 @@ class LevelDBReader(DB):
         super().__init__(path)
         plyvel = _plyvel()
         try:
-            key = (os.path.realpath(self.path), os.stat(self.path).st_ino)  # a re-created database: a new handle
+            self.handle = (os.path.realpath(self.path), os.stat(self.path).st_ino)  # re-created: a new handle
             with _envs_lock:  # LevelDB locks its directory: one handle per process, shared
-                if key not in _leveldbs or _leveldbs[key].closed:
-                    _leveldbs[key] = plyvel.DB(self.path, create_if_missing=False, max_open_files=100)
-                self.db = _leveldbs[key]
+                if self.handle not in _leveldbs or _leveldbs[self.handle].closed:
+                    # an absolute path: LevelDB's in-process lock table is keyed by the path string
+                    _leveldbs[self.handle] = plyvel.DB(
+                        os.path.abspath(self.path), create_if_missing=False, max_open_files=100
+                    )
             self.keys = list(self.db.iterator(include_value=False))
         except plyvel.Error as e:
             raise DatasetError(
@@ -184,6 +197,11 @@ class LevelDBReader(DB):
                     else "(a corrupt database?)"
                 )
             ) from None
+
+    @property
+    def db(self):
+        """The shared plyvel handle (looked up, not held: :func:`_close_leveldbs` frees it at exit)."""
+        return _leveldbs[self.handle]
 
     def get(self, key):
         plyvel = _plyvel()
@@ -231,8 +249,9 @@ class Writer:
         else:
             plyvel = _plyvel()
             # Caffe's db_leveldb.cpp options
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             self.db = plyvel.DB(
-                self.path,
+                os.path.abspath(self.path),  # LevelDB's in-process lock table is keyed by the path string
                 create_if_missing=True,
                 error_if_exists=True,
                 block_size=65536,
