@@ -58,7 +58,7 @@ def reference():
     return params_of(s)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_bsp_equals_one_process(reference, world):
     solvers = [lenet_solver() for _ in range(world)]
     nodes = run_nodes(solvers, iters=K)
