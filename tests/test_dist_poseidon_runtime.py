@@ -116,7 +116,13 @@ def bsp_reference():
 
 @pytest.mark.parametrize(
     "world,comm,wfbp,workers",
-    [(2, "hybrid", True, 1), (2, "ps", True, 1), (2, "sfb", False, 1), (3, "hybrid", False, 2), (3, "sfb", True, 2)],
+    [
+        (2, "hybrid", True, 1),
+        (2, "ps", True, 1),
+        (2, "sfb", False, 1),
+        pytest.param(3, "hybrid", False, 2, marks=pytest.mark.slow),  # uneven shards, 2 workers: ~10 s each
+        pytest.param(3, "sfb", True, 2, marks=pytest.mark.slow),
+    ],
 )
 def test_every_mode_computes_what_one_process_computes(bsp_reference, world, comm, wfbp, workers):
     digests = {}
@@ -209,6 +215,7 @@ sys.exit(0 if err <= 1e-4 and all(abs(r - 1) <= 0.05 for r in ratios) else 3)
 """
 
 
+@pytest.mark.slow
 def test_hybrid_wfbp_over_mpi(tmp_path):
     import os
     import shutil
