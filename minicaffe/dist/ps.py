@@ -437,7 +437,8 @@ class Node:
         self._t_layer = self._now()
 
     def _layer_end(self, label):
-        self.timeline.append(("compute", self._t_layer, self._now(), label))
+        if self._recording(self.clock):
+            self.timeline.append(("compute", self._t_layer, self._now(), label))
 
     # -- the server shard ----------------------------------------------------------------------
     def _count_gradient(self, clock, i):
