@@ -148,19 +148,17 @@ def _read_file(path):
         raise WeightsError(f"{path}: cannot read the weights file ({exc.strerror or exc})") from None
 
 
-def read_weight_arrays(path, wanted=None):
-    """{layer name: [array, ...]} from a .caffemodel or .npz file.
-
-    ``wanted`` ({layer name: [blob shape, ...]}, e.g. a net's) limits what is decoded to those
-    layers and checks each blob against its shape before reading its values; the other layers of
-    the file are only named.  Returns (arrays, names): ``names`` lists every layer of the file that
-    holds parameters, in file order.  Without ``wanted`` every layer is decoded (``arrays`` only).
-    """
-    arrays, names = _scan_weights(path, wanted)
-    return (arrays, names) if wanted is not None else arrays
+def read_weight_arrays(path):
+    """{layer name: [array, ...]} of every layer with parameters in a .caffemodel or .npz file
+    (an .npz member may unpack to at most ``NPZ_MAX_RATIO`` times its packed size)."""
+    return _scan_weights(path, None)[0]
 
 
 def _scan_weights(path, wanted):
+    """(arrays, names) of a weights file: ``names`` lists every layer that holds parameters, in
+    file order; ``arrays`` ({layer: [array, ...]}) only those in ``wanted`` ({layer: [blob shape,
+    ...]}, e.g. a net's; None: all), each blob checked against its shape before its values are
+    read."""
     path = os.fspath(path)
     raw = _read_file(path)
     if path.endswith(".solverstate"):  # minicaffe's (.npz) or Caffe's (protobuf) solver state
@@ -204,6 +202,8 @@ def _fit_arrays(layers, path, wanted):
 
 
 def _blob_fits(wanted, lname, i, shape):
+    """The net's shape for a blob of ``shape`` (None when there is no net to compare with, False
+    when it does not fit; Caffe's old 4-d shapes fit their squeezed form)."""
     if wanted is None:
         return None
     target = tuple(wanted[lname][i])
@@ -459,7 +459,7 @@ def load_weights(net, path, log=None, strict=False):
         if layer.blobs:
             wanted[lname] = [tuple(b.shape) for b in layer.blobs]
             types[lname] = layer.type
-    arrays, names = read_weight_arrays(path, wanted)
+    arrays, names = _scan_weights(path, wanted)
     copied = [n for n in names if n in wanted]
     ignored = [n for n in names if n not in wanted]
     missing = [n for n in wanted if n not in arrays]

@@ -593,3 +593,13 @@ def test_zip_asking_for_an_unknown_version(saved, toy_solver, tmp_path):
     open(state, "wb").write(bump(raw))
     with pytest.raises(SolverError, match=r"zip file version 14\.8"):
         toy_solver().restore(state)
+
+
+def test_zip_bomb_read_without_a_net_is_bounded_by_its_ratio(tmp_path):
+    from minicaffe.io import read_weight_arrays
+
+    bomb = tmp_path / "bomb3.npz"
+    zip_bomb(bomb, "ip/0.npy", (3, 8_000_000))  # 96 MB from ~100 KB
+    out, peak, _ = peak_bytes(lambda: read_weight_arrays(str(bomb)))
+    assert isinstance(out, WeightsError) and "more than" in str(out), repr(out)
+    assert peak < 2 << 20
