@@ -603,3 +603,15 @@ def test_zip_bomb_read_without_a_net_is_bounded_by_its_ratio(tmp_path):
     out, peak, _ = peak_bytes(lambda: read_weight_arrays(str(bomb)))
     assert isinstance(out, WeightsError) and "more than" in str(out), repr(out)
     assert peak < 2 << 20
+
+
+@pytest.mark.parametrize("shape, it", [((-1, -3), 3), ((1,) * 40, 3), ((3,), -50)])
+def test_caffe_solverstate_crafted_shapes_and_iter(shape, it):
+    from minicaffe.solvers import caffe_state
+
+    st = proto.Message("SolverState", iter=it)
+    blob = st.add("history")
+    blob.get_or_create("shape").dim.extend(shape)
+    blob.data = np.zeros(3, np.float32)
+    with pytest.raises(SolverError, match=r"x\.solverstate: .*a corrupt state"):
+        caffe_state.decode_state(proto.encode(st), "x.solverstate")

@@ -35,6 +35,7 @@ by :func:`read_h5_state`, its ``.caffemodel.h5`` weights (group ``data/<layer>/<
 ``Net::ToHDF5`` writes them) by :func:`read_h5_weights`, which ``minicaffe.io`` calls.
 """
 
+import math
 import os
 
 import numpy as np
@@ -191,11 +192,14 @@ def decode_state(data, where="solverstate"):
             shape = tuple(int(d) for d in blob.shape.dim)
         else:  # legacy 4-d blob
             shape = tuple(int(v) for v in (blob.num, blob.channels, blob.height, blob.width))
-        if int(np.prod(shape, dtype=np.int64)) != len(values):
+        if len(shape) > 32 or any(d < 0 for d in shape) or math.prod(shape) != len(values):
             raise SolverError(
                 f"{where}: history blob {i} says shape {shape} but carries {len(values)} values: a corrupt state"
             )
         history.append(np.asarray(values).reshape(shape))
+    for field in ("iter", "current_step"):
+        if not 0 <= getattr(state, field) <= 2**31 - 1:
+            raise SolverError(f"{where}: {field} is {getattr(state, field)}: a corrupt state")
     return {
         "iter": int(state.iter),
         "current_step": int(state.current_step),
