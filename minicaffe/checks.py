@@ -109,16 +109,18 @@ def explain_nonfinite(net):
         return bool(xp.isfinite(a).all())
 
     for name, blobs in net.params.items():
-        bad = [i for i, b in enumerate(blobs) if not finite(b.data)]
+        bad = [i for i, b in enumerate(blobs) if not finite(b.dev_data)]
         if bad:
             return (
                 f"training diverged: parameter blob(s) {bad} of layer '{name}' hold NaN/inf "
                 f"(try a smaller base_lr, or clip_gradients)"
             )
-    largest = max((float(xp.abs(b.data).max()) for blobs in net.params.values() for b in blobs if b.count), default=0.0)
+    largest = max(
+        (float(xp.abs(b.dev_data).max()) for blobs in net.params.values() for b in blobs if b.count), default=0.0
+    )
     for lname, tops in net.top_names.items():
         for top in tops:
-            if top in net.blobs and not finite(net.blobs[top].data):
+            if top in net.blobs and not finite(net.blobs[top].dev_data):
                 layer = net.layer_dict[lname]
                 what = "the input data" if not net.bottom_names.get(lname) else f"blob '{top}'"
                 where = f"{what} made by layer '{lname}' (type {layer.type}) holds NaN/inf"

@@ -103,4 +103,4 @@ def fill(blob, param):
             f"unknown filler type '{kind}' for blob '{blob.name}'." + did_you_mean(kind, FILLERS, "fillers")
         )
     values = fn(param, tuple(blob.shape), get_rng())
-    blob.data[...] = blob.xp.asarray(values.astype(blob.dtype, copy=False))
+    blob.data = values.astype(blob.dtype, copy=False)  # overwrites the host side; synced on first use

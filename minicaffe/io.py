@@ -109,7 +109,7 @@ def net_arrays(net):
     out = {}
     for name, layer in zip(net.layer_names, net.layers):
         for i, blob in enumerate(layer.blobs):
-            out[f"{name}/{i}"] = np.asarray(net.backend.to_host(blob.data))
+            out[f"{name}/{i}"] = np.array(blob.cpu_data())
     return out
 
 
@@ -132,7 +132,7 @@ def encode_caffemodel(net):
         for blob in layer.blobs:
             bp = lp.add("blobs")
             bp.get_or_create("shape").dim.extend(int(d) for d in blob.shape)
-            bp.data = np.asarray(net.backend.to_host(blob.data), dtype=np.float32).ravel()
+            bp.data = np.asarray(blob.cpu_data(), dtype=np.float32).ravel()
     return proto.encode(msg)
 
 
@@ -472,7 +472,7 @@ def load_weights(net, path, log=None, strict=False):
         raise WeightsError(f"{path} does not hold layer(s) {', '.join(repr(m) for m in missing)} of net '{net.name}'")
     for lname in copied:
         for blob, arr in zip(net.layer_dict[lname].blobs, arrays[lname]):
-            blob.data[...] = net.backend.from_host(arr.reshape(blob.shape), blob.dtype)
+            blob.data[...] = arr.reshape(blob.shape)  # on the host; synced on first use
     report = WeightsReport(path, copied, ignored, missing, types)
     if log is not None:
         for line in report.lines():

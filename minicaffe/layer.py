@@ -168,7 +168,7 @@ class Layer:
         for w, t in zip(self.loss_weights, top):
             if w != 0.0:
                 # As in Caffe, a loss top carries its weight in its diff: backward reads it there.
-                t.diff[...] = w
+                t.dev_diff[...] = w
 
     def forward_loss(self, bottom, top):
         """Reshape, forward, and return this layer's weighted loss (Caffe's Layer::Forward)."""
@@ -177,7 +177,7 @@ class Layer:
         loss = 0.0
         for w, t in zip(self.loss_weights, top):
             if w != 0.0:
-                loss += float((t.data * t.diff).sum())
+                loss += float((t.dev_data * t.dev_diff).sum())
         return loss
 
     def __repr__(self):

@@ -531,8 +531,13 @@ class Net:
                     f"{what}: blob '{name}' has shape {blob.shape} but the array given has shape "
                     f"{tuple(value.shape)}; call net.blobs['{name}'].reshape(...) and net.reshape() first"
                 )
-            # a counted host->device copy on a GPU backend (no copy of a device array)
-            (blob.data if what == "forward" else blob.diff)[...] = self.backend.from_host(value, blob.dtype)
+            # a host array overwrites the host side (one copy to the device, on a GPU, when the
+            # engine next reads the blob: Blob's SyncedMemory); a device array (CuPy's on cuda)
+            # is copied on the device, never through the host
+            if what == "forward":
+                blob.data = value
+            else:
+                blob.diff = value
 
     def forward(self, blobs=None, start=None, end=None, **kwargs):
         """pycaffe's forward: set inputs from keyword arrays, run, return {output: array}."""
@@ -570,7 +575,7 @@ class Net:
 
     def clear_param_diffs(self):
         for p in self.learnable_params:
-            p.flat_diff[...] = 0
+            p.dev_flat_diff[...] = 0
 
     def reshape(self):
         for i, layer in enumerate(self.layers):

@@ -61,7 +61,6 @@ def check_gradient(
     example, ignores its top diff and so assumes loss weight 1).
     Returns the number of elements checked.
     """
-    xp = layer.xp
     rng = np.random.default_rng(seed)
     check_bottom = list(range(len(bottom))) if check_bottom is None else list(check_bottom)
     check_tops = list(range(len(top))) if check_tops is None else list(check_tops)
@@ -87,9 +86,9 @@ def check_gradient(
         run_forward()
         for i, t in enumerate(top):
             w = weights.get(i)
-            t.diff[...] = xp.asarray(w, dtype=t.dtype) if w is not None else 0
+            t.diff[...] = w if w is not None else 0  # host arrays (pycaffe's idiom)
         for b in bottom:
-            b.diff[...] = xp.asarray(np.full(b.shape, np.nan), dtype=b.dtype)  # must be overwritten
+            b.diff[...] = np.nan  # must be overwritten
         layer.backward(top, propagate_down, bottom)
 
     params = list(layer.blobs) if check_params else []
@@ -125,8 +124,7 @@ def check_gradient(
     for kind, i, blob, g in grads:
         if np.isnan(g).any():
             raise GradientError(f"{layer.type} '{layer.name}': backward left {kind} {i} diff unwritten (NaN)")
-        flat = blob.data.reshape(-1)
-        n = flat.size
+        n = blob.count
         indices = (
             range(n)
             if max_per_blob is None or n <= max_per_blob
@@ -134,14 +132,16 @@ def check_gradient(
         )
         for k in indices:
             k = int(k)
-            x0 = float(_host(layer, flat[k : k + 1])[0])
+            # blob.data is asked for at every write: a host array kept across a forward goes
+            # stale on a GPU backend (the engine's side becomes the newer; minicaffe/blob.py)
+            x0 = float(blob.data.reshape(-1)[k])
             if kink is not None and abs(x0 - kink) < kink_range:
                 continue
-            flat[k] = x0 + step
+            blob.data.reshape(-1)[k] = x0 + step
             f_plus = objective()
-            flat[k] = x0 - step
+            blob.data.reshape(-1)[k] = x0 - step
             f_minus = objective()
-            flat[k] = x0
+            blob.data.reshape(-1)[k] = x0
             numeric = (f_plus - f_minus) / (2 * step)
             a = float(g.ravel()[k])
             scale = max(abs(a), abs(numeric), 1.0)

@@ -18,7 +18,7 @@ def blob(backend, values, dtype=np.float64):
     """A blob holding ``values`` (an array; its shape is the blob's)."""
     values = np.asarray(values, dtype=dtype)
     b = Blob(values.shape, dtype=dtype, xp=backend.xp)
-    b.data[...] = backend.from_host(values, dtype)
+    b.data[...] = values  # pycaffe's idiom: a host array, synced to the device on first use
     return b
 
 

@@ -91,25 +91,46 @@ def test_gemm_gpu_tile_sizes_in_simulator(L):
     b = rng.standard_normal((5, 17)).astype(np.float32)
     ref = gemm_reference(False, False, 1.0, a, b, 0.0, None)
     for T in (16,):
-        c = np.zeros((18, 17), np.float32)
-        L.launch(gemm.make_tiled(T), (1, 1), (T, T), np.float32(1), a, b, np.float32(0), c)
-        assert_close(c, ref, sum_tol(np.float32, 6, np.abs(a) @ np.abs(b)), kernel="gemm", version=f"tiled{T}")
+        c = dev(L, np.zeros((18, 17), np.float32))
+        L.launch(gemm.make_tiled(T), (1, 1), (T, T), np.float32(1), dev(L, a), dev(L, b), np.float32(0), c)
+        assert_close(host(L, c), ref, sum_tol(np.float32, 6, np.abs(a) @ np.abs(b)), kernel="gemm", version=f"tiled{T}")
     BM, BN, BK, TM, TN = _launch.GPU_CONFIG.regblock
-    c = np.zeros((18, 17), np.float32)
+    c = dev(L, np.zeros((18, 17), np.float32))
     L.launch(
-        gemm.make_regblock(BM, BN, BK, TM, TN), (1, 1), (BN // TN, BM // TM), np.float32(1), a, b, np.float32(0), c
+        gemm.make_regblock(BM, BN, BK, TM, TN),
+        (1, 1),
+        (BN // TN, BM // TM),
+        np.float32(1),
+        dev(L, a),
+        dev(L, b),
+        np.float32(0),
+        c,
     )
-    assert_close(c, ref, sum_tol(np.float32, 6, np.abs(a) @ np.abs(b)), kernel="gemm", version="regblock64")
+    assert_close(host(L, c), ref, sum_tol(np.float32, 6, np.abs(a) @ np.abs(b)), kernel="gemm", version="regblock64")
 
 
 def test_gemm_aliasing_and_shape_errors(L):
     from kernels.cuda import gemm
+    from kernels.gemm import gemm_reference
 
     a = np.arange(12, dtype=np.float64).reshape(3, 4)
+    # a random matrix, not the identity: I @ I = I however the kernel reads c while writing it
+    m = np.random.default_rng(5).standard_normal((5, 5))
+    want = gemm_reference(False, False, 1.0, m, m, 0.0, None)
     for version, f in gemm.VERSIONS["gemm"].items():
-        c = dev(L, np.eye(3))
+        c = dev(L, m)
         f(L, False, False, 1.0, c, c, 0.0, c)  # c = c @ c with c aliased
-        assert_equal(host(L, c), np.eye(3), kernel="gemm", version=version)
+        assert_close(host(L, c), want, sum_tol(np.float64, 6, np.abs(m) @ np.abs(m)), kernel="gemm", version=version)
+        c = dev(L, m)
+        f(L, True, False, 0.5, c, c, 1.0, c)  # c = 0.5 c^T c + c: beta reads c too
+        want_t = gemm_reference(True, False, 0.5, m, m, 1.0, m)
+        assert_close(
+            host(L, c),
+            want_t,
+            sum_tol(np.float64, 7, np.abs(m).T @ np.abs(m) + np.abs(m)),
+            kernel="gemm",
+            version=version,
+        )
         with pytest.raises(ValueError, match="does not fit"):
             f(L, False, False, 1.0, dev(L, a), dev(L, a), 0.0, dev(L, np.zeros((3, 4))))
 

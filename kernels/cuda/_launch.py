@@ -3,12 +3,14 @@
 Every kernel in ``kernels/cuda`` is one ``@cuda.jit`` function, and the same function runs on
 both targets; what differs is
 
-* the arrays: CuPy device arrays on a GPU, numpy arrays in the simulator;
+* the arrays: CuPy device arrays on a GPU; in the simulator ``SimArray`` (``simarray.py``):
+  numpy storage that refuses implicit conversion to numpy and mixing with numpy, as CuPy does;
 * how an array is handed to a kernel: a CuPy array goes in through ``__cuda_array_interface__``
   (``cuda.as_cuda_array(a, sync=False)``: zero-copy, and no host-blocking sync on CuPy's stream,
-  which is the stream we launch on anyway); a numpy array is wrapped as the simulator's own
-  device array (``FakeCUDAArray``: zero-copy too -- passing a bare numpy array would make the
-  simulator copy it in and back, as real CUDA does for host arrays, which breaks in-place calls);
+  which is the stream we launch on anyway); a ``SimArray``'s storage is wrapped as the
+  simulator's own device array (``FakeCUDAArray``: zero-copy too).  A host numpy array is
+  refused on both targets: numba would copy it in and back out around the launch, a hidden
+  round trip on a GPU;
 * the stream: on a GPU, CuPy's current stream (so our kernels are ordered with CuPy's own
   element-wise operations without any synchronization); the simulator runs everything at once;
 * the launch sizes (``Config``): the simulator runs every CUDA thread as a Python thread (about a
@@ -19,9 +21,10 @@ both targets; what differs is
 Which target numba gives is decided once per process, when ``numba.cuda`` is first imported
 (``NUMBA_ENABLE_CUDASIM=1`` selects the simulator): a process has one or the other, never both.
 
-The launcher also counts host<->device copies (``Transfers``): ``to_host``/``from_host`` are the
-engine's only sanctioned ways across the bus, and the tests read the counter to prove that a
-training step makes no hidden round trips.
+The launcher also counts host<->device copies (``Transfers``): ``to_host``/``from_host`` and the
+blobs' lazy syncs (``copy_to_host``/``copy_from_host``) are the engine's only sanctioned ways
+across the bus, and the tests read the counter to prove that a training step makes no hidden
+round trips.
 """
 
 import math
@@ -30,6 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numba import cuda
+
+from .simarray import SimArray
 
 
 def is_simulator():
@@ -94,7 +99,8 @@ class Transfers:
 
 
 class Launcher:
-    """Launches kernels on one target.  ``xp`` is the array module (cupy or numpy)."""
+    """Launches kernels on one target.  ``xp`` is the array module (cupy, or the simulator's
+    ``simcupy``)."""
 
     def __init__(self, simulator, config=None):
         self.simulator = bool(simulator)
@@ -111,7 +117,9 @@ class Launcher:
         if self.simulator:
             from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
-            self.xp = np
+            from .simarray import simcupy
+
+            self.xp = simcupy
             self._fake = FakeCUDAArray
         else:
             import cupy
@@ -132,8 +140,16 @@ class Launcher:
 
     # -- launching -----------------------------------------------------------------------------
     def _arg(self, a):
+        if isinstance(a, np.ndarray):
+            # numba would copy a host array in and back out around the launch: a hidden round
+            # trip on a GPU (and in-place results lost in the simulator).  Kernels take device
+            # arrays only, on both targets.
+            raise TypeError(
+                f"a kernel was handed a host numpy array of shape {a.shape}: kernels take device "
+                f"arrays (backend.from_host copies one to the device)"
+            )
         if self.simulator:
-            return self._fake(a) if isinstance(a, np.ndarray) and a.ndim > 0 else a
+            return self._fake(a._a) if type(a) is SimArray else a
         if hasattr(a, "__cuda_array_interface__"):
             return cuda.as_cuda_array(a, sync=False)
         return a
@@ -164,7 +180,7 @@ class Launcher:
         """A numpy copy of device array ``a`` (counted).  A copy in the simulator too, so code
         that writes into the result and expects the device to change fails here as on a GPU."""
         if self.simulator:
-            out = np.array(a, copy=True)
+            out = a.get() if type(a) is SimArray else np.array(a, copy=True)
         else:
             out = self.xp.asnumpy(a)  # waits for the stream: the data must be computed first
         self.transfers._count("d2h", out.nbytes)
@@ -172,12 +188,22 @@ class Launcher:
 
     def from_host(self, a, dtype=None):
         """A new device array holding host array ``a`` (counted)."""
-        if self.simulator:
-            out = np.array(a, dtype=dtype, copy=True)
-        else:
-            out = self.xp.asarray(np.asarray(a, dtype=dtype))
+        if type(a) is SimArray:
+            raise TypeError("from_host was handed a device array: it copies host arrays to the device")
+        out = self.xp.asarray(np.asarray(a, dtype=dtype))
         self.transfers._count("h2d", out.nbytes)
         return out
+
+    def copy_to_host(self, dev, host):
+        """Copy device array ``dev`` into host array ``host`` of the same size (counted): the
+        blobs' lazy sync (minicaffe/blob.py's SyncedMemory)."""
+        dev.get(out=host)
+        self.transfers._count("d2h", host.nbytes)
+
+    def copy_from_host(self, host, dev):
+        """Copy host array ``host`` into device array ``dev`` of the same size (counted)."""
+        dev.set(host)
+        self.transfers._count("h2d", host.nbytes)
 
     def scalar(self, value, dtype):
         """A kernel scalar of the arrays' dtype (float32 math stays float32 on the GPU)."""

@@ -12,7 +12,10 @@ import sys
 
 from ..errors import MinicaffeError
 
-INSTALL = 'pip install -e ".[cuda]"  (CuPy for CUDA 12: cupy-cuda12x)'
+INSTALL = (
+    'pip install -e ".[cuda]" for a CUDA 13 driver, ".[cuda12]" for CUDA 12 (CuPy and numba-cuda); '
+    "python -m minicaffe.gpu_check says what is missing"
+)
 
 
 def simulator_requested():

@@ -4,9 +4,9 @@ tests/test_backend_contract.py with ``check``), so a layer written against this 
 all of them, and "go to definition" on ``self.backend.gemm`` lands on a real function.
 
 Conventions, for every kernel below (the kernel families in ``kernels/`` state them in full):
-arrays are C-contiguous float32 or float64 of the backend's array module ``xp`` (numpy on cpu
-and cudasim, CuPy on cuda); geometry arguments are Python ints; the output argument, always
-last, is written in place and never read unless said; bad shapes raise ValueError before any
+arrays are C-contiguous float32 or float64 of the backend's array module ``xp`` (numpy on cpu,
+the simulator's device arrays on cudasim, CuPy on cuda; a GPU kernel refuses host arrays);
+geometry arguments are Python ints; the output argument, always last, is written in place and never read unless said; bad shapes raise ValueError before any
 write.  Kernels are serial and release the GIL (several worker threads may call them at once).
 
 The functions here are the specification only: calling one raises NotImplementedError.
@@ -17,7 +17,7 @@ import inspect
 #: the attributes besides the functions
 ATTRIBUTES = {
     "name": "the backend's name: 'cpu', 'cudasim' or 'cuda'",
-    "xp": "the array module its blobs live in: numpy or cupy (layers do array arithmetic with it)",
+    "xp": "the array module of its device arrays: numpy, simcupy or cupy (layers do array arithmetic with it)",
 }
 #: what the GPU backends add: the counted host<->device copies, read by the tests and tools
 GPU_ATTRIBUTES = {

@@ -5,8 +5,9 @@ Python thread, shared memory and ``syncthreads`` emulated -- so the ordinary tes
 GPU code path on a machine with no GPU.  It proves correctness, not speed: a launch costs about a
 millisecond per simulated thread, so the launcher starts few of them (kernels grid-stride).
 
-What differs from ``cuda`` (and nothing else does): blobs are numpy arrays, and kernels are
-handed numpy arrays wrapped as the simulator's device arrays.  ``to_host``/``from_host`` copy,
+What differs from ``cuda`` (and nothing else does): device arrays are ``SimArray`` (numpy storage
+that, like a CuPy array, refuses implicit conversion to numpy and any mixing with numpy arrays:
+``kernels/cuda/simarray.py``), and kernels are handed them as the simulator's device arrays.  ``to_host``/``from_host`` copy,
 as they must on a GPU, and are counted in ``transfers``.
 
 Selected by ``set_mode("cudasim")``, or by ``set_mode_gpu()`` when ``NUMBA_ENABLE_CUDASIM=1``.
@@ -18,8 +19,7 @@ from . import _gpu
 
 _gpu.require("cudasim")
 
-import numpy as np  # noqa: E402
-
+from ._gpu_kernels import L as _launcher  # noqa: E402
 from ._gpu_kernels import (  # noqa: E402, F401  (the contract's functions: see _gpu_kernels.py)
     ave_pool_bwd,
     ave_pool_fwd,
@@ -46,4 +46,6 @@ from ._gpu_kernels import (  # noqa: E402, F401  (the contract's functions: see 
 )
 
 name = "cudasim"
-xp = np
+#: numpy's namespace on simulated device arrays, which refuse implicit conversion to numpy as
+#: CuPy's do (kernels/cuda/simarray.py)
+xp = _launcher.xp

@@ -12,12 +12,12 @@ class AbsVal(Neuron):
         self._sign = None
 
     def forward(self, bottom, top):
-        x = bottom[0].data
+        x = bottom[0].dev_data
         if in_place(bottom[0], top[0]):
             self._sign = self.xp.sign(x)
-        self.xp.abs(x, out=top[0].data)
+        self.xp.abs(x, out=top[0].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            sign = self._sign if in_place(bottom[0], top[0]) else self.xp.sign(bottom[0].data)
-            self.xp.multiply(top[0].diff, sign, out=bottom[0].diff)
+            sign = self._sign if in_place(bottom[0], top[0]) else self.xp.sign(bottom[0].dev_data)
+            self.xp.multiply(top[0].dev_diff, sign, out=bottom[0].dev_diff)

@@ -53,8 +53,8 @@ class Accuracy(Layer):
 
     def forward(self, bottom, top):
         xp = self.xp
-        scores = bottom[0].data.reshape(self.outer, self.classes, self.inner)
-        lab = xp.trunc(bottom[1].data.reshape(self.outer, self.inner))
+        scores = bottom[0].dev_data.reshape(self.outer, self.classes, self.inner)
+        lab = xp.trunc(bottom[1].dev_data.reshape(self.outer, self.inner))
         keep = xp.ones(lab.shape, dtype=bool) if not self.has_ignore else (lab != self.ignore_label)
         bad = keep & ((lab < 0) | (lab >= self.classes))
         if bool(bad.any()):
@@ -67,8 +67,8 @@ class Accuracy(Layer):
         better = (scores >= true).sum(axis=1) - 1  # other classes >= true
         correct = (better < self.top_k) & keep
         n = int(keep.sum())
-        top[0].data[...] = float(correct.sum()) / n if n else 0.0
+        top[0].dev_data[...] = float(correct.sum()) / n if n else 0.0
         if len(top) > 1:
             per_class = xp.bincount(li[keep], minlength=self.classes)
             hits = xp.bincount(li[correct], minlength=self.classes)
-            top[1].data[...] = xp.where(per_class > 0, hits / xp.maximum(per_class, 1), 0)
+            top[1].dev_data[...] = xp.where(per_class > 0, hits / xp.maximum(per_class, 1), 0)

@@ -44,7 +44,7 @@ class ArgMax(Layer):
         top[0].reshape(tuple(shape))
 
     def forward(self, bottom, top):
-        xp, x = self.xp, bottom[0].data
+        xp, x = self.xp, bottom[0].dev_data
         if self.has_axis:
             v = xp.moveaxis(x, self.axis, -1)
         else:
@@ -56,9 +56,9 @@ class ArgMax(Layer):
         vals = xp.take_along_axis(v, idx, axis=-1)
         if self.has_axis:
             out = vals if self.out_max_val else idx
-            top[0].data[...] = xp.moveaxis(out, -1, self.axis)
+            top[0].dev_data[...] = xp.moveaxis(out, -1, self.axis)
         else:
-            y = top[0].data.reshape(x.shape[0], -1, self.top_k)
+            y = top[0].dev_data.reshape(x.shape[0], -1, self.top_k)
             y[:, 0] = idx
             if self.out_max_val:
                 y[:, 1] = vals

@@ -41,7 +41,7 @@ class BatchNorm(Neuron):
             self.new_blob((1,), self.name + "/scale_factor"),
         ]
         for b in self.blobs:
-            b.data[...] = 0
+            b.dev_data[...] = 0
         # The statistics are not learned: Caffe forces lr_mult 0 onto them.
         specs = self.param.param
         for i in range(3):
@@ -67,21 +67,21 @@ class BatchNorm(Neuron):
 
     def forward(self, bottom, top):
         xp = self.xp
-        x = bottom[0].data.reshape(self.dims)
-        y = top[0].data.reshape(self.dims)
+        x = bottom[0].dev_data.reshape(self.dims)
+        y = top[0].dev_data.reshape(self.dims)
         if self.use_global:
-            s = float(self.blobs[2].data.reshape(-1)[0])
+            s = float(self.blobs[2].dev_data.reshape(-1)[0])
             f = 0.0 if s == 0 else 1.0 / s
-            mean = self.blobs[0].data * f
-            var = self.blobs[1].data * f
+            mean = self.blobs[0].dev_data * f
+            var = self.blobs[1].dev_data * f
         else:
             mean = x.mean(axis=(0, 2))
             var = ((x - mean[None, :, None]) ** 2).mean(axis=(0, 2))
             m = x.size // self.channels
             correction = m / (m - 1) if m > 1 else 1.0
-            self.blobs[2].data[...] = self.blobs[2].data * self.fraction + 1
-            self.blobs[0].data[...] = self.blobs[0].data * self.fraction + mean
-            self.blobs[1].data[...] = self.blobs[1].data * self.fraction + var * correction
+            self.blobs[2].dev_data[...] = self.blobs[2].dev_data * self.fraction + 1
+            self.blobs[0].dev_data[...] = self.blobs[0].dev_data * self.fraction + mean
+            self.blobs[1].dev_data[...] = self.blobs[1].dev_data * self.fraction + var * correction
         self.inv_std = 1.0 / xp.sqrt(var + self.eps)
         xp.multiply(x - mean[None, :, None], self.inv_std[None, :, None], out=y)
         if not self.use_global:
@@ -90,8 +90,8 @@ class BatchNorm(Neuron):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy = top[0].diff.reshape(self.dims)
-        dx = bottom[0].diff.reshape(self.dims)
+        dy = top[0].dev_diff.reshape(self.dims)
+        dx = bottom[0].dev_diff.reshape(self.dims)
         inv = self.inv_std[None, :, None]
         if self.use_global:
             self.xp.multiply(dy, inv, out=dx)

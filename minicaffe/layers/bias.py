@@ -64,15 +64,15 @@ class Bias(Layer):
             top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        b = self._b(bottom).data.reshape(1, -1, 1)
-        self.xp.add(bottom[0].data.reshape(self.dims), b, out=top[0].data.reshape(self.dims))
+        b = self._b(bottom).dev_data.reshape(1, -1, 1)
+        self.xp.add(bottom[0].dev_data.reshape(self.dims), b, out=top[0].dev_data.reshape(self.dims))
 
     def backward(self, top, propagate_down, bottom):
-        dy = top[0].diff.reshape(self.dims)
+        dy = top[0].dev_diff.reshape(self.dims)
         if len(bottom) > 1:
             if propagate_down[1]:
-                bottom[1].diff.reshape(-1)[...] = dy.sum(axis=(0, 2))
+                bottom[1].dev_diff.reshape(-1)[...] = dy.sum(axis=(0, 2))
         elif self.param_propagate_down[0]:
-            self.blobs[0].diff.reshape(-1)[...] += dy.sum(axis=(0, 2))
+            self.blobs[0].dev_diff.reshape(-1)[...] += dy.sum(axis=(0, 2))
         if propagate_down[0] and top[0] is not bottom[0]:
-            bottom[0].diff[...] = top[0].diff
+            bottom[0].dev_diff[...] = top[0].dev_diff

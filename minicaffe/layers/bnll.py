@@ -14,11 +14,11 @@ class BNLL(Neuron):
     type = "BNLL"
 
     def forward(self, bottom, top):
-        self.xp.logaddexp(0, bottom[0].data, out=top[0].data)
+        self.xp.logaddexp(0, bottom[0].dev_data, out=top[0].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             xp = self.xp
-            sig = xp.expm1(-top[0].data)  # -sigmoid(x); dx may be dy (in place)
+            sig = xp.expm1(-top[0].dev_data)  # -sigmoid(x); dx may be dy (in place)
             xp.negative(sig, out=sig)
-            xp.multiply(top[0].diff, sig, out=bottom[0].diff)
+            xp.multiply(top[0].dev_diff, sig, out=bottom[0].dev_diff)

@@ -22,10 +22,10 @@ class Clip(Neuron):
         self._inside = None
 
     def forward(self, bottom, top):
-        xp, x = self.xp, bottom[0].data
+        xp, x = self.xp, bottom[0].dev_data
         self._inside = (x >= self.lo) & (x <= self.hi)
-        xp.clip(x, self.lo, self.hi, out=top[0].data)
+        xp.clip(x, self.lo, self.hi, out=top[0].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            self.xp.multiply(top[0].diff, self._inside, out=bottom[0].diff)
+            self.xp.multiply(top[0].dev_diff, self._inside, out=bottom[0].dev_diff)

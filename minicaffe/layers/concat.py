@@ -52,12 +52,12 @@ class Concat(Layer):
             start += n
 
     def forward(self, bottom, top):
-        y = top[0].data
+        y = top[0].dev_data
         for b, sl in self._slices(bottom):
-            y[sl] = b.data
+            y[sl] = b.dev_data
 
     def backward(self, top, propagate_down, bottom):
-        dy = top[0].diff
+        dy = top[0].dev_diff
         for i, (b, sl) in enumerate(self._slices(bottom)):
             if propagate_down[i]:
-                b.diff[...] = dy[sl]
+                b.dev_diff[...] = dy[sl]

@@ -58,9 +58,9 @@ class ContrastiveLoss(Layer):
     def _terms(self, bottom):
         xp = self.xp
         a, b, y = bottom
-        diff = (a.data - b.data).reshape(self.n, -1)
+        diff = (a.dev_data - b.dev_data).reshape(self.n, -1)
         dist_sq = (diff * diff).sum(axis=1)
-        similar = y.data.reshape(-1).astype(xp.int64) != 0
+        similar = y.dev_data.reshape(-1).astype(xp.int64) != 0
         return diff, dist_sq, similar
 
     def forward(self, bottom, top):
@@ -71,7 +71,7 @@ class ContrastiveLoss(Layer):
         else:
             dissimilar = xp.maximum(self.margin - xp.sqrt(dist_sq), 0) ** 2
         loss = xp.where(similar, dist_sq, dissimilar).sum()
-        top[0].data[...] = float(loss) / (2.0 * self.n)
+        top[0].dev_data[...] = float(loss) / (2.0 * self.n)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[2]:
@@ -87,8 +87,8 @@ class ContrastiveLoss(Layer):
             mdist = self.margin - dist
             coef = xp.where(mdist > 0, -mdist / (dist + EPSILON), 0.0)
         coef = xp.where(similar, 1.0, coef).astype(self.dtype)
-        w = float(top[0].diff.reshape(-1)[0]) / self.n
+        w = float(top[0].dev_diff.reshape(-1)[0]) / self.n
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
-                dx = bottom[i].diff.reshape(self.n, -1)
+                dx = bottom[i].dev_diff.reshape(self.n, -1)
                 xp.multiply(diff, (sign * w) * coef[:, None], out=dx)

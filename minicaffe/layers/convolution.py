@@ -186,7 +186,7 @@ class Convolution(_ConvBase):
         else:
             col = self._col.get(G * K, P)
             self.im2col(x, col, self.out_h, self.out_w)
-        w = self.blobs[0].data.reshape(M, K)
+        w = self.blobs[0].dev_data.reshape(M, K)
         # With one image, (M, OH*OW) is already the top's layout: GEMM straight into it.
         out = y.reshape(M, P) if n == 1 else self._out.get(M, P)
         for g in range(G):
@@ -196,9 +196,9 @@ class Convolution(_ConvBase):
         y3 = y.reshape(n, M, -1)
         if n == 1:
             if self.bias_term:
-                y3 += self.blobs[1].data.reshape(1, M, 1)
+                y3 += self.blobs[1].dev_data.reshape(1, M, 1)
         elif self.bias_term:
-            self.xp.add(out.reshape(M, n, -1).transpose(1, 0, 2), self.blobs[1].data.reshape(1, M, 1), out=y3)
+            self.xp.add(out.reshape(M, n, -1).transpose(1, 0, 2), self.blobs[1].dev_data.reshape(1, M, 1), out=y3)
         else:
             y3[...] = out.reshape(M, n, -1).transpose(1, 0, 2)
 
@@ -215,12 +215,12 @@ class Convolution(_ConvBase):
             dout = self._out.get(M, P)
             dout.reshape(M, n, -1)[...] = dy.reshape(n, M, -1).transpose(1, 0, 2)
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].diff[...] += dout.sum(axis=1)
+            self.blobs[1].dev_diff[...] += dout.sum(axis=1)
         if self.param_propagate_down[0]:
             if self._col_key != key and not (self._pointwise and n == 1):
                 self.im2col(x, col, self.out_h, self.out_w)  # forward's columns are gone
                 self._col_key = key
-            dw = self.blobs[0].diff.reshape(M, K)
+            dw = self.blobs[0].dev_diff.reshape(M, K)
             for g in range(G):
                 be.gemm(
                     False,
@@ -233,7 +233,7 @@ class Convolution(_ConvBase):
                 )
         if dx is not None:
             # d(col) = w^T @ dout goes into the column buffer, then col2im sums it into dx.
-            w = self.blobs[0].data.reshape(M, K)
+            w = self.blobs[0].dev_data.reshape(M, K)
             if self._pointwise and n == 1:
                 col = dx.reshape(G * K, P)  # d(col) is dx itself: the GEMMs write it
             for g in range(G):
@@ -258,7 +258,7 @@ class Convolution(_ConvBase):
         for i, (b, t) in enumerate(zip(bottom, top)):
             n = b.shape[0]
             step = self._step(n)
-            x, y = b.data, t.data
+            x, y = b.dev_data, t.dev_data
             for s in range(0, n, step):
                 self._forward_chunk(x[s : s + step], y[s : s + step])
                 self._col_key = (i, s)  # the column buffer holds im2col of this chunk
@@ -272,8 +272,8 @@ class Convolution(_ConvBase):
                 continue
             n = b.shape[0]
             step = self._step(n)
-            x, dy = b.data, t.diff
-            dx = b.diff if propagate_down[i] else None
+            x, dy = b.dev_data, t.dev_diff
+            dx = b.dev_diff if propagate_down[i] else None
             # Visit the chunk forward left in the buffer first, so its im2col is not redone.
             starts = list(range(0, n, step))
             if self._col_key is not None and self._col_key[0] == i and self._col_key[1] in starts:

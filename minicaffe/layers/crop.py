@@ -53,12 +53,12 @@ class Crop(Layer):
         top[0].reshape(tuple(shape))
 
     def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data[self.window]
+        top[0].dev_data[...] = bottom[0].dev_data[self.window]
 
     def backward(self, top, propagate_down, bottom):
         if len(propagate_down) > 1 and propagate_down[1]:
             raise self.error("cannot backpropagate to bottom[1] (it only gives the shape)")
         if propagate_down[0]:
-            dx = bottom[0].diff
+            dx = bottom[0].dev_diff
             dx[...] = 0
-            dx[self.window] = top[0].diff
+            dx[self.window] = top[0].dev_diff

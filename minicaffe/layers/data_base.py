@@ -49,7 +49,7 @@ class DataLayer(Layer):
         batch = self.next_batch()
         for t, arr in zip(top, batch):
             # one counted host->device copy per top on a GPU backend; a plain copy on the CPU
-            t.data[...] = self.backend.from_host(arr.reshape(t.shape), self.dtype)
+            t.data = arr.reshape(t.shape)  # overwrites the host side; one copy to the device when next read
 
     def state_dict(self):
         """The position a snapshot records (see set_position_source)."""

@@ -72,12 +72,12 @@ class Deconvolution(_ConvBase):
         be, G = self.backend, self.group
         C, M = self.channels, self.num_output
         Cg, Kd = C // G, M // G * self.kh * self.kw
-        wmat = self.blobs[0].data.reshape(C, Kd)
+        wmat = self.blobs[0].dev_data.reshape(C, Kd)
         for b, t in zip(bottom, top):
             n, _, h, w = b.shape
             step = self._step(n, h, w)
             for s in range(0, n, step):
-                x, y = b.data[s : s + step], t.data[s : s + step]
+                x, y = b.dev_data[s : s + step], t.dev_data[s : s + step]
                 xm = self._xmat(x)
                 col = self._col.get(G * Kd, xm.shape[1])
                 for g in range(G):
@@ -92,28 +92,28 @@ class Deconvolution(_ConvBase):
                     )
                 be.col2im(col, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, y)
                 if self.bias_term:
-                    y += self.blobs[1].data.reshape(1, M, 1, 1)
+                    y += self.blobs[1].dev_data.reshape(1, M, 1, 1)
 
     def backward(self, top, propagate_down, bottom):
         be, G = self.backend, self.group
         C, M = self.channels, self.num_output
         Cg, Kd = C // G, M // G * self.kh * self.kw
-        wmat = self.blobs[0].data.reshape(C, Kd)
+        wmat = self.blobs[0].dev_data.reshape(C, Kd)
         for i, (b, t) in enumerate(zip(bottom, top)):
             if self.bias_term and self.param_propagate_down[1]:
-                self.blobs[1].diff[...] += t.diff.sum(axis=(0, 2, 3))
+                self.blobs[1].dev_diff[...] += t.dev_diff.sum(axis=(0, 2, 3))
             if not (self.param_propagate_down[0] or propagate_down[i]):
                 continue
             n, _, h, w = b.shape
             step = self._step(n, h, w)
             for s in range(0, n, step):
-                x, dy = b.data[s : s + step], t.diff[s : s + step]
+                x, dy = b.dev_data[s : s + step], t.dev_diff[s : s + step]
                 nb = x.shape[0]
                 dcol = self._col.get(G * Kd, nb * h * w)
                 be.im2col(dy, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, dcol)
                 if self.param_propagate_down[0]:
                     xm = self._xmat(x)
-                    dw = self.blobs[0].diff.reshape(C, Kd)
+                    dw = self.blobs[0].dev_diff.reshape(C, Kd)
                     for g in range(G):
                         be.gemm(
                             False,
@@ -125,7 +125,7 @@ class Deconvolution(_ConvBase):
                             dw[g * Cg : (g + 1) * Cg],
                         )
                 if propagate_down[i]:
-                    dx = b.diff[s : s + step]
+                    dx = b.dev_diff[s : s + step]
                     dxm = dx.reshape(C, -1) if nb == 1 else self._xm.get(C, nb * h * w)
                     for g in range(G):
                         be.gemm(

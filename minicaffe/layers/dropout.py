@@ -26,7 +26,7 @@ class Dropout(Neuron):
         self._mask = None
 
     def forward(self, bottom, top):
-        x, y = bottom[0].data, top[0].data
+        x, y = bottom[0].dev_data, top[0].dev_data
         if self.phase != "TRAIN":
             if y is not x:
                 y[...] = x
@@ -40,7 +40,7 @@ class Dropout(Neuron):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy, dx = top[0].diff, bottom[0].diff
+        dy, dx = top[0].dev_diff, bottom[0].dev_diff
         if self.phase != "TRAIN":
             if dx is not dy:
                 dx[...] = dy

@@ -46,33 +46,33 @@ class Eltwise(Layer):
 
     def forward(self, bottom, top):
         xp = self.xp
-        y = top[0].data
+        y = top[0].dev_data
         if self.op == "SUM":
-            acc = bottom[0].data * self.coeffs[0]
+            acc = bottom[0].dev_data * self.coeffs[0]
             for c, b in zip(self.coeffs[1:], bottom[1:]):
-                acc += b.data * c if c != 1.0 else b.data
+                acc += b.dev_data * c if c != 1.0 else b.dev_data
             y[...] = acc
         elif self.op == "PROD":
-            acc = bottom[0].data * bottom[1].data
+            acc = bottom[0].dev_data * bottom[1].dev_data
             for b in bottom[2:]:
-                acc *= b.data
+                acc *= b.dev_data
             y[...] = acc
         else:
-            a, b = bottom[0].data, bottom[1].data
+            a, b = bottom[0].dev_data, bottom[1].dev_data
             arg = xp.where(a > b, 0, 1).astype(xp.int32)
             best = xp.where(a > b, a, b)
             for i, blob in enumerate(bottom[2:], 2):
-                better = blob.data > best
+                better = blob.dev_data > best
                 arg[better] = i
-                best = xp.where(better, blob.data, best)
+                best = xp.where(better, blob.dev_data, best)
             self._argmax = arg
             y[...] = best
 
     def backward(self, top, propagate_down, bottom):
         xp = self.xp
-        dy = top[0].diff
+        dy = top[0].dev_diff
         if self.op == "PROD" and not self.stable:
-            y = top[0].data.copy()
+            y = top[0].dev_data.copy()
         grads = []
         for i, b in enumerate(bottom):
             if not propagate_down[i]:
@@ -85,14 +85,14 @@ class Eltwise(Layer):
                     others = None
                     for j, o in enumerate(bottom):
                         if j != i:
-                            others = o.data.copy() if others is None else others * o.data
+                            others = o.dev_data.copy() if others is None else others * o.dev_data
                     g = dy * others
                 else:
-                    g = dy * y / b.data
+                    g = dy * y / b.dev_data
             else:
                 g = xp.where(self._argmax == i, dy, 0)
             grads.append(g)
         # write after all gradients are computed: a bottom may be the (in-place) top
         for b, g in zip(bottom, grads):
             if g is not None:
-                b.diff[...] = g
+                b.dev_diff[...] = g

@@ -16,13 +16,13 @@ class ELU(Neuron):
         self.alpha = float(self.param.elu_param.alpha)
 
     def forward(self, bottom, top):
-        xp, x = self.xp, bottom[0].data
+        xp, x = self.xp, bottom[0].dev_data
         neg = self.alpha * xp.expm1(xp.minimum(x, 0))
-        xp.add(xp.maximum(x, 0), neg, out=top[0].data)
+        xp.add(xp.maximum(x, 0), neg, out=top[0].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         xp = self.xp
-        x, y, dy = bottom[0].data, top[0].data, top[0].diff
-        bottom[0].diff[...] = xp.where(x > 0, dy, dy * (y + self.alpha))
+        x, y, dy = bottom[0].dev_data, top[0].dev_data, top[0].dev_diff
+        bottom[0].dev_diff[...] = xp.where(x > 0, dy, dy * (y + self.alpha))

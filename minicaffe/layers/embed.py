@@ -41,7 +41,7 @@ class Embed(Layer):
 
     def _ids(self, blob):
         xp = self.xp
-        v = blob.data.reshape(-1)
+        v = blob.dev_data.reshape(-1)
         ids = v.astype(xp.int64)
         bad = (ids != v) | (ids < 0) | (ids >= self.input_dim)
         if bool(bad.any()):
@@ -49,17 +49,17 @@ class Embed(Layer):
         return ids
 
     def forward(self, bottom, top):
-        y = top[0].data.reshape(-1, self.num_output)
-        self.xp.take(self.blobs[0].data, self._ids(bottom[0]), axis=0, out=y)
+        y = top[0].dev_data.reshape(-1, self.num_output)
+        self.xp.take(self.blobs[0].dev_data, self._ids(bottom[0]), axis=0, out=y)
         if self.bias_term:
-            y += self.blobs[1].data
+            y += self.blobs[1].dev_data
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             raise self.error("cannot backpropagate to the ids (bottom[0])")
-        dy = top[0].diff.reshape(-1, self.num_output)
+        dy = top[0].dev_diff.reshape(-1, self.num_output)
         if self.param_propagate_down[0]:
             ids = self._ids(bottom[0])
-            self.xp.add.at(self.blobs[0].diff, ids, dy)
+            self.xp.add.at(self.blobs[0].dev_diff, ids, dy)
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].diff[...] += dy.sum(axis=0)
+            self.blobs[1].dev_diff[...] += dy.sum(axis=0)

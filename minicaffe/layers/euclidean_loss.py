@@ -33,13 +33,13 @@ class EuclideanLoss(Layer):
     def forward(self, bottom, top):
         a, b = bottom
         n = a.shape[0] if a.num_axes else 1
-        d = self.d.data
-        self.xp.subtract(a.data, b.data.reshape(a.shape), out=d)
-        top[0].data[...] = float((d * d).sum()) / (2.0 * n)
+        d = self.d.dev_data
+        self.xp.subtract(a.dev_data, b.dev_data.reshape(a.shape), out=d)
+        top[0].dev_data[...] = float((d * d).sum()) / (2.0 * n)
 
     def backward(self, top, propagate_down, bottom):
         n = bottom[0].shape[0] if bottom[0].num_axes else 1
-        w = float(top[0].diff.reshape(-1)[0]) / n
+        w = float(top[0].dev_diff.reshape(-1)[0]) / n
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
-                self.xp.multiply(self.d.data, sign * w, out=bottom[i].diff.reshape(self.d.shape))
+                self.xp.multiply(self.d.dev_data, sign * w, out=bottom[i].dev_diff.reshape(self.d.shape))

@@ -23,15 +23,15 @@ class Exp(Neuron):
         self.inner_shift = log_base * float(p.shift)
 
     def forward(self, bottom, top):
-        y = top[0].data
-        self.xp.multiply(bottom[0].data, self.inner_scale, out=y)
+        y = top[0].dev_data
+        self.xp.multiply(bottom[0].dev_data, self.inner_scale, out=y)
         if self.inner_shift:
             y += self.inner_shift
         self.xp.exp(y, out=y)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            dx = bottom[0].diff
-            self.xp.multiply(top[0].diff, top[0].data, out=dx)
+            dx = bottom[0].dev_diff
+            self.xp.multiply(top[0].dev_diff, top[0].dev_data, out=dx)
             if self.inner_scale != 1.0:
                 dx *= self.inner_scale

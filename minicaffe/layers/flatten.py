@@ -28,8 +28,8 @@ class Flatten(Layer):
         top[0].reshape(shape)
 
     def forward(self, bottom, top):
-        top[0].flat_data[...] = bottom[0].flat_data
+        top[0].dev_flat_data[...] = bottom[0].dev_flat_data
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            bottom[0].flat_diff[...] = top[0].flat_diff
+            bottom[0].dev_flat_diff[...] = top[0].dev_flat_diff

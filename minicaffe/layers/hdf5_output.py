@@ -62,7 +62,7 @@ class HDF5Output(Layer):
         n = bottom[0].shape[0]
         for key, b in zip(("data", "label"), bottom):
             shape = legacy_4d(b.shape)
-            arr = np.asarray(self.backend.to_host(b.data), dtype=self.dtype).reshape(shape)
+            arr = np.asarray(self.backend.to_host(b.dev_data), dtype=self.dtype).reshape(shape)
             if key not in self.file:
                 self.file.create_dataset(key, data=arr, maxshape=(None,) + shape[1:], chunks=True)
             else:

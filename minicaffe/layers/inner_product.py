@@ -56,23 +56,23 @@ class InnerProduct(Layer):
         top[0].reshape(tuple(x.shape[:axis]) + (self.num_output,))
 
     def forward(self, bottom, top):
-        x = bottom[0].data.reshape(self.M, self.K)
-        y = top[0].data.reshape(self.M, self.num_output)
-        self.backend.gemm(False, not self.transpose, 1.0, x, self.blobs[0].data, 0.0, y)
+        x = bottom[0].dev_data.reshape(self.M, self.K)
+        y = top[0].dev_data.reshape(self.M, self.num_output)
+        self.backend.gemm(False, not self.transpose, 1.0, x, self.blobs[0].dev_data, 0.0, y)
         if self.bias_term:
-            y += self.blobs[1].data
+            y += self.blobs[1].dev_data
 
     def backward(self, top, propagate_down, bottom):
-        x = bottom[0].data.reshape(self.M, self.K)
-        dy = top[0].diff.reshape(self.M, self.num_output)
+        x = bottom[0].dev_data.reshape(self.M, self.K)
+        dy = top[0].dev_diff.reshape(self.M, self.num_output)
         be = self.backend
         if self.param_propagate_down[0]:
             if self.transpose:
-                be.gemm(True, False, 1.0, x, dy, 1.0, self.blobs[0].diff)
+                be.gemm(True, False, 1.0, x, dy, 1.0, self.blobs[0].dev_diff)
             else:
-                be.gemm(True, False, 1.0, dy, x, 1.0, self.blobs[0].diff)
+                be.gemm(True, False, 1.0, dy, x, 1.0, self.blobs[0].dev_diff)
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].diff[...] += dy.sum(axis=0)
+            self.blobs[1].dev_diff[...] += dy.sum(axis=0)
         if propagate_down[0]:
-            dx = bottom[0].diff.reshape(self.M, self.K)
-            be.gemm(False, self.transpose, 1.0, dy, self.blobs[0].data, 0.0, dx)
+            dx = bottom[0].dev_diff.reshape(self.M, self.K)
+            be.gemm(False, self.transpose, 1.0, dy, self.blobs[0].dev_data, 0.0, dx)

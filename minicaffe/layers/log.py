@@ -25,16 +25,16 @@ class Log(Neuron):
 
     def forward(self, bottom, top):
         xp = self.xp
-        u = bottom[0].data * self.scale  # a fresh array: shift + scale * x, kept for backward
+        u = bottom[0].dev_data * self.scale  # a fresh array: shift + scale * x, kept for backward
         if self.shift:
             u += self.shift
         self._u = u
-        xp.log(u, out=top[0].data)
+        xp.log(u, out=top[0].dev_data)
         if self.base_scale != 1.0:
-            top[0].data[...] *= self.base_scale
+            top[0].dev_data[...] *= self.base_scale
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            dx = bottom[0].diff
-            self.xp.divide(top[0].diff, self._u, out=dx)
+            dx = bottom[0].dev_diff
+            self.xp.divide(top[0].dev_diff, self._u, out=dx)
             dx *= self.scale * self.base_scale

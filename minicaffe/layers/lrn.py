@@ -66,18 +66,18 @@ class LRN(Neuron):
         return 1.0 + (self.alpha / (self.size * self.size)) * self._window_sum(x * x)
 
     def forward(self, bottom, top):
-        x = bottom[0].data
+        x = bottom[0].dev_data
         self.scale = self._scale(x)
         if in_place(bottom[0], top[0]):
             self._x = x.copy()
-        self.xp.multiply(x, self.xp.power(self.scale, -self.beta), out=top[0].data)
+        self.xp.multiply(x, self.xp.power(self.scale, -self.beta), out=top[0].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         xp = self.xp
-        x = self._x if in_place(bottom[0], top[0]) else bottom[0].data
-        y, dy = top[0].data, top[0].diff
+        x = self._x if in_place(bottom[0], top[0]) else bottom[0].dev_data
+        y, dy = top[0].dev_data, top[0].dev_diff
         n = self.size if self.region == "ACROSS_CHANNELS" else self.size * self.size
         ratio = self._window_sum(dy * y / self.scale)
-        bottom[0].diff[...] = dy * xp.power(self.scale, -self.beta) - (2.0 * self.alpha * self.beta / n) * x * ratio
+        bottom[0].dev_diff[...] = dy * xp.power(self.scale, -self.beta) - (2.0 * self.alpha * self.beta / n) * x * ratio

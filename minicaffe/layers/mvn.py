@@ -38,8 +38,8 @@ class MVN(Layer):
         self.d = x.count // max(1, self.groups)
 
     def forward(self, bottom, top):
-        x = bottom[0].data.reshape(self.groups, self.d)
-        y = top[0].data.reshape(self.groups, self.d)
+        x = bottom[0].dev_data.reshape(self.groups, self.d)
+        y = top[0].dev_data.reshape(self.groups, self.d)
         self.xp.subtract(x, x.mean(axis=1, keepdims=True), out=y)
         if self.normalize_variance:
             std = self.xp.sqrt((y * y).mean(axis=1, keepdims=True))
@@ -50,10 +50,10 @@ class MVN(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy = top[0].diff.reshape(self.groups, self.d)
-        dx = bottom[0].diff.reshape(self.groups, self.d)
+        dy = top[0].dev_diff.reshape(self.groups, self.d)
+        dx = bottom[0].dev_diff.reshape(self.groups, self.d)
         if self.normalize_variance:
-            y = top[0].data.reshape(self.groups, self.d)
+            y = top[0].dev_data.reshape(self.groups, self.d)
             g = dy - dy.mean(axis=1, keepdims=True) - y * (dy * y).mean(axis=1, keepdims=True)
             self.xp.divide(g, self._std, out=dx)
         else:

@@ -106,19 +106,19 @@ class Pooling(Layer):
         return out
 
     def forward(self, bottom, top):
-        x, y = bottom[0].data, top[0].data
+        x, y = bottom[0].dev_data, top[0].dev_data
         if self.method == "MAX":
             mask = self._mask[: top[0].count].reshape(top[0].shape)
             self.backend.max_pool_fwd(x, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, y, mask)
             if len(top) > 1:
-                top[1].data[...] = mask
+                top[1].dev_data[...] = mask
         else:
             self.backend.ave_pool_fwd(x, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, y)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy, dx = top[0].diff, bottom[0].diff
+        dy, dx = top[0].dev_diff, bottom[0].dev_diff
         if self.method == "MAX":
             mask = self._mask[: top[0].count].reshape(top[0].shape)
             self.backend.max_pool_bwd(dy, mask, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, dx)

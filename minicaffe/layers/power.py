@@ -18,25 +18,25 @@ class Power(Neuron):
         self._x = None
 
     def forward(self, bottom, top):
-        x = bottom[0].data
+        x = bottom[0].dev_data
         if in_place(bottom[0], top[0]):
             self._x = x.copy()
             x = self._x
         xp = self.xp
         base = x * self.scale + self.shift
         if self.power == 1.0:
-            top[0].data[...] = base
+            top[0].dev_data[...] = base
         else:
-            xp.power(base, self.power, out=top[0].data)
+            xp.power(base, self.power, out=top[0].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dx, dy = bottom[0].diff, top[0].diff
+        dx, dy = bottom[0].dev_diff, top[0].dev_diff
         if self.power == 0.0 or self.scale == 0.0:
             dx[...] = 0
             return
-        x = self._x if in_place(bottom[0], top[0]) else bottom[0].data
+        x = self._x if in_place(bottom[0], top[0]) else bottom[0].dev_data
         base = x * self.scale + self.shift
         k = self.power * self.scale
         if self.power == 1.0:

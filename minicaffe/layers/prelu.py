@@ -41,28 +41,28 @@ class PReLU(Neuron):
         super().reshape(bottom, top)
 
     def _slope(self, n_axes):
-        a = self.blobs[0].data
+        a = self.blobs[0].dev_data
         return a.reshape((1, -1) + (1,) * (n_axes - 2))
 
     def forward(self, bottom, top):
-        xp, x = self.xp, bottom[0].data
+        xp, x = self.xp, bottom[0].dev_data
         if in_place(bottom[0], top[0]):
             self._x = x.copy()
             x = self._x
         a = self._slope(x.ndim)
-        xp.add(xp.maximum(x, 0), a * xp.minimum(x, 0), out=top[0].data)
+        xp.add(xp.maximum(x, 0), a * xp.minimum(x, 0), out=top[0].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         xp = self.xp
-        x = self._x if in_place(bottom[0], top[0]) else bottom[0].data
-        dy = top[0].diff
+        x = self._x if in_place(bottom[0], top[0]) else bottom[0].dev_data
+        dy = top[0].dev_diff
         if self.param_propagate_down[0]:
             g = xp.where(x <= 0, dy * x, 0)
             axes = tuple(i for i in range(x.ndim) if i != 1)
             if self.shared:
-                self.blobs[0].diff[...] += g.sum()
+                self.blobs[0].dev_diff[...] += g.sum()
             else:
-                self.blobs[0].diff[...] += g.sum(axis=axes)
+                self.blobs[0].dev_diff[...] += g.sum(axis=axes)
         if propagate_down[0]:
             a = self._slope(x.ndim)
-            bottom[0].diff[...] = xp.where(x > 0, dy, a * dy)
+            bottom[0].dev_diff[...] = xp.where(x > 0, dy, a * dy)

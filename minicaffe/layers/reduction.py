@@ -35,7 +35,7 @@ class Reduction(Layer):
 
     def forward(self, bottom, top):
         xp = self.xp
-        x = bottom[0].data.reshape(self.outer, self.inner)
+        x = bottom[0].dev_data.reshape(self.outer, self.inner)
         if self.op == "ASUM":
             r = xp.abs(x).sum(axis=1)
         elif self.op == "SUMSQ":
@@ -43,15 +43,15 @@ class Reduction(Layer):
         else:
             r = x.sum(axis=1)
         c = self.coeff / self.inner if self.op == "MEAN" else self.coeff
-        top[0].data.reshape(self.outer)[...] = r * c
+        top[0].dev_data.reshape(self.outer)[...] = r * c
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         xp = self.xp
-        x = bottom[0].data.reshape(self.outer, self.inner)
-        dx = bottom[0].diff.reshape(self.outer, self.inner)
-        dy = top[0].diff.reshape(self.outer, 1)
+        x = bottom[0].dev_data.reshape(self.outer, self.inner)
+        dx = bottom[0].dev_diff.reshape(self.outer, self.inner)
+        dy = top[0].dev_diff.reshape(self.outer, 1)
         c = self.coeff / self.inner if self.op == "MEAN" else self.coeff
         if self.op == "ASUM":
             xp.multiply(xp.sign(x), dy * c, out=dx)

@@ -17,8 +17,8 @@ class ReLU(Neuron):
         self.slope = float(self.param.relu_param.negative_slope)
 
     def forward(self, bottom, top):
-        self.backend.relu_fwd(bottom[0].flat_data, self.slope, top[0].flat_data)
+        self.backend.relu_fwd(bottom[0].dev_flat_data, self.slope, top[0].dev_flat_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            self.backend.relu_bwd(bottom[0].flat_data, top[0].flat_diff, self.slope, bottom[0].flat_diff)
+            self.backend.relu_bwd(bottom[0].dev_flat_data, top[0].dev_flat_diff, self.slope, bottom[0].dev_flat_diff)

@@ -56,24 +56,24 @@ class Scale(Layer):
 
     def forward(self, bottom, top):
         xp = self.xp
-        x = bottom[0].data.reshape(self.dims)
+        x = bottom[0].dev_data.reshape(self.dims)
         if in_place(bottom[0], top[0]):
             self._x = x.copy()
-        y = top[0].data.reshape(self.dims)
-        xp.multiply(x, self._s(bottom).data.reshape(1, -1, 1), out=y)
+        y = top[0].dev_data.reshape(self.dims)
+        xp.multiply(x, self._s(bottom).dev_data.reshape(1, -1, 1), out=y)
         if self.bias_term:
-            y += self.blobs[-1].data.reshape(1, -1, 1)
+            y += self.blobs[-1].dev_data.reshape(1, -1, 1)
 
     def backward(self, top, propagate_down, bottom):
-        dy = top[0].diff.reshape(self.dims)
+        dy = top[0].dev_diff.reshape(self.dims)
         two = len(bottom) > 1
         if self.bias_term and self.param_propagate_down[-1]:
-            self.blobs[-1].diff.reshape(-1)[...] += dy.sum(axis=(0, 2))
-        x = self._x if in_place(bottom[0], top[0]) else bottom[0].data.reshape(self.dims)
+            self.blobs[-1].dev_diff.reshape(-1)[...] += dy.sum(axis=(0, 2))
+        x = self._x if in_place(bottom[0], top[0]) else bottom[0].dev_data.reshape(self.dims)
         if two and propagate_down[1]:
-            bottom[1].diff.reshape(-1)[...] = (dy * x).sum(axis=(0, 2))
+            bottom[1].dev_diff.reshape(-1)[...] = (dy * x).sum(axis=(0, 2))
         elif not two and self.param_propagate_down[0]:
-            self.blobs[0].diff.reshape(-1)[...] += (dy * x).sum(axis=(0, 2))
+            self.blobs[0].dev_diff.reshape(-1)[...] += (dy * x).sum(axis=(0, 2))
         if propagate_down[0]:
-            s = self._s(bottom).data.reshape(1, -1, 1)
-            self.xp.multiply(dy, s, out=bottom[0].diff.reshape(self.dims))
+            s = self._s(bottom).dev_data.reshape(1, -1, 1)
+            self.xp.multiply(dy, s, out=bottom[0].dev_diff.reshape(self.dims))

@@ -51,8 +51,8 @@ class SigmoidCrossEntropyLoss(Layer):
 
     def forward(self, bottom, top):
         xp = self.xp
-        x, t = bottom[0].data, bottom[1].data.reshape(bottom[0].shape)
-        self.backend.sigmoid_fwd(bottom[0].flat_data, self.sig.flat_data)
+        x, t = bottom[0].dev_data, bottom[1].dev_data.reshape(bottom[0].shape)
+        self.backend.sigmoid_fwd(bottom[0].dev_flat_data, self.sig.dev_flat_data)
         pos = (x >= 0).astype(x.dtype)
         terms = x * (t - pos) - xp.log1p(xp.exp(x - 2 * x * pos))
         if self.has_ignore:
@@ -63,16 +63,16 @@ class SigmoidCrossEntropyLoss(Layer):
             loss = -float(terms.sum())
             valid = x.size
         self.normalizer = loss_normalizer(self.normalization, self.outer, self.inner, valid)
-        top[0].data[...] = loss / self.normalizer
+        top[0].dev_data[...] = loss / self.normalizer
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[1]:
             raise self.error("cannot backpropagate to the targets (bottom[1])")
         if not propagate_down[0]:
             return
-        t = bottom[1].data.reshape(bottom[0].shape)
-        dx = bottom[0].diff
-        self.xp.subtract(self.sig.data, t, out=dx)
+        t = bottom[1].dev_data.reshape(bottom[0].shape)
+        dx = bottom[0].dev_diff
+        self.xp.subtract(self.sig.dev_data, t, out=dx)
         if self.has_ignore:
             dx[self._ignored(t)] = 0
-        dx *= float(top[0].diff.reshape(-1)[0]) / self.normalizer
+        dx *= float(top[0].dev_diff.reshape(-1)[0]) / self.normalizer

@@ -20,4 +20,4 @@ class Silence(Layer):
     def backward(self, top, propagate_down, bottom):
         for b, down in zip(bottom, propagate_down):
             if down:
-                b.diff[...] = 0
+                b.dev_diff[...] = 0

@@ -55,13 +55,13 @@ class Slice(Layer):
             yield t, lead + (slice(b, e),)
 
     def forward(self, bottom, top):
-        x = bottom[0].data
+        x = bottom[0].dev_data
         for t, sl in self._slices(top):
-            t.data[...] = x[sl]
+            t.dev_data[...] = x[sl]
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dx = bottom[0].diff
+        dx = bottom[0].dev_diff
         for t, sl in self._slices(top):
-            dx[sl] = t.diff
+            dx[sl] = t.dev_diff

@@ -21,12 +21,12 @@ class Softmax(Neuron):
         super().reshape(bottom, top)
 
     def forward(self, bottom, top):
-        self.backend.softmax_fwd(bottom[0].data.reshape(self.dims), top[0].data.reshape(self.dims))
+        self.backend.softmax_fwd(bottom[0].dev_data.reshape(self.dims), top[0].dev_data.reshape(self.dims))
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        dy = top[0].diff.reshape(self.dims)
+        dy = top[0].dev_diff.reshape(self.dims)
         if in_place(bottom[0], top[0]):
             dy = dy.copy()
-        self.backend.softmax_bwd(top[0].data.reshape(self.dims), dy, bottom[0].diff.reshape(self.dims))
+        self.backend.softmax_bwd(top[0].dev_data.reshape(self.dims), dy, bottom[0].dev_diff.reshape(self.dims))

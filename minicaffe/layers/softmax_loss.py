@@ -9,7 +9,7 @@ scalar; optional top[1] the probabilities (bottom[0]'s shape)::
 
 ``loss_param``: ``ignore_label`` (those positions count for nothing), ``normalization``
 FULL (outer*inner) | VALID (non-ignored count, the default) | BATCH_SIZE (outer) | NONE (1),
-and the legacy ``normalize: false`` = BATCH_SIZE.  The loss weight is read from top[0].diff.
+and the legacy ``normalize: false`` = BATCH_SIZE.  The loss weight is read from top[0].dev_diff.
 There is no gradient to the labels.
 """
 
@@ -56,7 +56,7 @@ class SoftmaxWithLoss(Layer):
 
     def _labels(self, label_blob):
         xp = self.xp
-        lab = label_blob.data.reshape(self.outer, self.inner)
+        lab = label_blob.dev_data.reshape(self.outer, self.inner)
         c = self.dims[1]
         valid = (lab >= 0) & (lab < c)
         if self.has_ignore:
@@ -73,27 +73,27 @@ class SoftmaxWithLoss(Layer):
 
     def forward(self, bottom, top):
         be = self.backend
-        prob = self.prob.data.reshape(self.dims)
-        be.softmax_fwd(bottom[0].data.reshape(self.dims), prob)
+        prob = self.prob.dev_data.reshape(self.dims)
+        be.softmax_fwd(bottom[0].dev_data.reshape(self.dims), prob)
         lab = self._labels(bottom[1])
         loss_sum, valid = be.softmax_loss_fwd(prob, lab, self.ignore_label, self.has_ignore)
         self.normalizer = loss_normalizer(self.normalization, self.outer, self.inner, int(valid))
-        top[0].data[...] = float(loss_sum) / self.normalizer
+        top[0].dev_data[...] = float(loss_sum) / self.normalizer
         if len(top) > 1:
-            top[1].data[...] = self.prob.data
+            top[1].dev_data[...] = self.prob.dev_data
 
     def backward(self, top, propagate_down, bottom):
         if len(propagate_down) > 1 and propagate_down[1]:
             raise self.error("cannot backpropagate to the labels (bottom[1])")
         if not propagate_down[0]:
             return
-        scale = float(top[0].diff.reshape(-1)[0]) / self.normalizer
+        scale = float(top[0].dev_diff.reshape(-1)[0]) / self.normalizer
         lab = self._labels(bottom[1])
         self.backend.softmax_loss_bwd(
-            self.prob.data.reshape(self.dims),
+            self.prob.dev_data.reshape(self.dims),
             lab,
             self.ignore_label,
             self.has_ignore,
             scale,
-            bottom[0].diff.reshape(self.dims),
+            bottom[0].dev_diff.reshape(self.dims),
         )

@@ -18,10 +18,10 @@ class Split(Layer):
                 t.reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        x = bottom[0].flat_data
+        x = bottom[0].dev_flat_data
         for t in top:
             if t is not bottom[0]:
-                t.flat_data[...] = x
+                t.dev_flat_data[...] = x
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -29,7 +29,7 @@ class Split(Layer):
         b = bottom[0]
         rest = [t for t in top if t is not b]
         if len(rest) == len(top):  # not in place: start from the first top
-            b.flat_diff[...] = rest[0].flat_diff
+            b.dev_flat_diff[...] = rest[0].dev_flat_diff
             rest = rest[1:]
         for t in rest:
-            b.flat_diff[...] += t.flat_diff
+            b.dev_flat_diff[...] += t.dev_flat_diff

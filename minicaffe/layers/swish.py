@@ -17,15 +17,15 @@ class Swish(Neuron):
         self._s = None
 
     def forward(self, bottom, top):
-        xp, x = self.xp, bottom[0].data
+        xp, x = self.xp, bottom[0].dev_data
         s = x * self.beta
         self.backend.sigmoid_fwd(s.reshape(-1), s.reshape(-1))
         self._s = s
-        xp.multiply(x, s, out=top[0].data)
+        xp.multiply(x, s, out=top[0].dev_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            by = top[0].data * self.beta
+            by = top[0].dev_data * self.beta
             g = self._s * (1.0 - by)
             g += by  # dx may be dy (in place): multiply last
-            self.xp.multiply(top[0].diff, g, out=bottom[0].diff)
+            self.xp.multiply(top[0].dev_diff, g, out=bottom[0].dev_diff)

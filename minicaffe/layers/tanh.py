@@ -9,8 +9,8 @@ class TanH(Neuron):
     type = "TanH"
 
     def forward(self, bottom, top):
-        self.backend.tanh_fwd(bottom[0].flat_data, top[0].flat_data)
+        self.backend.tanh_fwd(bottom[0].dev_flat_data, top[0].dev_flat_data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            self.backend.tanh_bwd(top[0].flat_data, top[0].flat_diff, bottom[0].flat_diff)
+            self.backend.tanh_bwd(top[0].dev_flat_data, top[0].dev_flat_diff, bottom[0].dev_flat_diff)

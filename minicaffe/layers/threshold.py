@@ -16,8 +16,8 @@ class Threshold(Neuron):
         self.threshold = float(self.param.threshold_param.threshold)
 
     def forward(self, bottom, top):
-        top[0].data[...] = bottom[0].data > self.threshold
+        top[0].dev_data[...] = bottom[0].dev_data > self.threshold
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            bottom[0].diff[...] = 0
+            bottom[0].dev_diff[...] = 0

@@ -33,10 +33,10 @@ class Tile(Layer):
         top[0].reshape(tuple(shape))
 
     def forward(self, bottom, top):
-        y = top[0].data.reshape(self.outer, self.tiles, self.inner)
-        y[...] = bottom[0].data.reshape(self.outer, 1, self.inner)
+        y = top[0].dev_data.reshape(self.outer, self.tiles, self.inner)
+        y[...] = bottom[0].dev_data.reshape(self.outer, 1, self.inner)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            dy = top[0].diff.reshape(self.outer, self.tiles, self.inner)
-            dy.sum(axis=1, out=bottom[0].diff.reshape(self.outer, self.inner))
+            dy = top[0].dev_diff.reshape(self.outer, self.tiles, self.inner)
+            dy.sum(axis=1, out=bottom[0].dev_diff.reshape(self.outer, self.inner))

@@ -45,7 +45,7 @@ class ParamLayout:
         """The current parameter values as one flat vector."""
         out = np.empty(self.count, self.net.dtype) if out is None else out
         for i, p in enumerate(self.net.learnable_params):
-            self.slice(out, i)[...] = p.flat_data
+            self.slice(out, i)[...] = p.dev_flat_data
         return out
 
     def attach_data(self, flat, copy=True):

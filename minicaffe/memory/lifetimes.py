@@ -180,7 +180,7 @@ def net_buffers(net, params=True):
                     else:
                         b.attach(b.data_storage, flat)
                     if which == "diff" and id(b) in loss_diff:
-                        b.flat_diff[...] = loss_diff[id(b)]
+                        b.dev_flat_diff[...] = loss_diff[id(b)]
 
             buffers.append(
                 Buffer(

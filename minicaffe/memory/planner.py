@@ -54,8 +54,8 @@ def dry_run(net):
     input blobs and parameter gradients are as before."""
     from ..rng import get_rng
 
-    params = [p.flat_data.copy() for p in net.learnable_params]
-    inputs = {name: net.blobs[name].flat_data.copy() for name in net.inputs}
+    params = [p.dev_flat_data.copy() for p in net.learnable_params]
+    inputs = {name: net.blobs[name].dev_flat_data.copy() for name in net.inputs}
     states = {i: layer.position() for i, layer in enumerate(net.layers) if isinstance(layer, DataLayer)}
     gen = get_rng().bit_generator
     rng_state = gen.state
@@ -63,9 +63,9 @@ def dry_run(net):
         net.forward_backward()
     finally:
         for p, v in zip(net.learnable_params, params):
-            p.flat_data[...] = v
+            p.dev_flat_data[...] = v
         for name, v in inputs.items():
-            net.blobs[name].flat_data[...] = v
+            net.blobs[name].dev_flat_data[...] = v
         for i, state in states.items():
             net.layers[i].seek(state)
         gen.state = rng_state

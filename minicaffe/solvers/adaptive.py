@@ -23,7 +23,7 @@ class AdaGradSolver(Solver):
             raise SolverError("AdaGrad: momentum cannot be used with AdaGrad (set momentum: 0)")
 
     def compute_update_value(self, i, rate):
-        g = self.net.learnable_params[i].flat_diff
+        g = self.net.learnable_params[i].dev_flat_diff
         s = self.history[0][i].reshape(-1)
         xp = self.net.xp
         s += g * g
@@ -40,7 +40,7 @@ class RMSPropSolver(Solver):
             raise SolverError(f"RMSProp: rms_decay must be in [0, 1], got {self.param.rms_decay}")
 
     def compute_update_value(self, i, rate):
-        g = self.net.learnable_params[i].flat_diff
+        g = self.net.learnable_params[i].dev_flat_diff
         s = self.history[0][i].reshape(-1)
         d = self.param.rms_decay
         xp = self.net.xp
@@ -54,7 +54,7 @@ class AdaDeltaSolver(Solver):
     history_names = ("history", "update_history")
 
     def compute_update_value(self, i, rate):
-        g = self.net.learnable_params[i].flat_diff
+        g = self.net.learnable_params[i].dev_flat_diff
         s = self.history[0][i].reshape(-1)
         x = self.history[1][i].reshape(-1)
         m, eps = self.param.momentum, self.param.delta
@@ -72,7 +72,7 @@ class AdamSolver(Solver):
     history_names = ("m", "v")
 
     def compute_update_value(self, i, rate):
-        g = self.net.learnable_params[i].flat_diff
+        g = self.net.learnable_params[i].dev_flat_diff
         a = self.history[0][i].reshape(-1)
         b = self.history[1][i].reshape(-1)
         b1, b2 = self.param.momentum, self.param.momentum2

@@ -20,8 +20,8 @@ class SGDSolver(Solver):
         self.normalize(i)
         decay = self.param.weight_decay * self.net.params_weight_decay[i]
         self.net.backend.sgd_step(
-            p.flat_data,
-            p.flat_diff,
+            p.dev_flat_data,
+            p.dev_flat_diff,
             self.history[0][i].reshape(-1),
             self.param.momentum,
             rate * self.net.params_lr[i],
@@ -32,7 +32,7 @@ class SGDSolver(Solver):
         p = self.net.learnable_params[i]
         local_rate = rate * self.net.params_lr[i]
         h = self.history[0][i].reshape(-1)
-        g = p.flat_diff
+        g = p.dev_flat_diff
         h *= self.param.momentum
         h += local_rate * g
         g[...] = h
@@ -46,7 +46,7 @@ class NesterovSolver(Solver):
         local_rate = rate * self.net.params_lr[i]
         m = self.param.momentum
         h = self.history[0][i].reshape(-1)
-        g = p.flat_diff
+        g = p.dev_flat_diff
         previous = h.copy()
         h *= m
         h += local_rate * g

@@ -130,7 +130,9 @@ class Solver:
         self.check_hyperparameters()
         self.net = train_net if train_net is not None else self._build_train_net()
         self.test_nets = self._build_test_nets()
-        self.history = [[self.net.xp.zeros_like(b.data) for b in self.net.learnable_params] for _ in self.history_names]
+        self.history = [
+            [self.net.xp.zeros_like(b.dev_data) for b in self.net.learnable_params] for _ in self.history_names
+        ]
         self.log(
             f"Solver {self.type}: net '{self.net.name}', {len(self.net.learnable_params)} learnable "
             f"blobs, {sum(b.count for b in self.net.learnable_params)} parameters, "
@@ -317,9 +319,7 @@ class Solver:
     def _output_lines(self, net, kind, scores=None):
         lines, k = [], 0
         for name in net.outputs:
-            values = (
-                scores[name] if scores is not None else np.asarray(net.backend.to_host(net.blobs[name].data)).ravel()
-            )
+            values = scores[name] if scores is not None else np.array(net.blobs[name].cpu_data()).ravel()
             weight = net.blob_loss_weights.get(name, 0.0)
             for v in np.ravel(values):
                 msg = f" (* {weight:g} = {weight * v:.6g} loss)" if weight else ""
@@ -346,7 +346,7 @@ class Solver:
         for _ in range(n):
             loss += net.forward_from_to()
             for name in net.outputs:
-                v = np.asarray(net.backend.to_host(net.blobs[name].data), dtype=np.float64).ravel()
+                v = np.asarray(net.blobs[name].cpu_data(), dtype=np.float64).ravel()
                 sums[name] = sums[name] + v if name in sums else v.copy()
         scores = {name: s / n for name, s in sums.items()}
         if self.param.test_compute_loss:
@@ -382,14 +382,14 @@ class Solver:
         self.normalize(i)
         self.regularize(i)
         self.compute_update_value(i, rate)
-        p.flat_data[...] -= p.flat_diff
+        p.dev_flat_data[...] -= p.dev_flat_diff
 
     def clip_gradients(self):
         clip = self.param.clip_gradients
         if clip < 0:
             return
         xp = self.net.xp
-        sumsq = sum(float(xp.dot(p.flat_diff, p.flat_diff)) for p in self.net.learnable_params)
+        sumsq = sum(float(xp.dot(p.dev_flat_diff, p.dev_flat_diff)) for p in self.net.learnable_params)
         norm = math.sqrt(sumsq)
         if norm > clip:
             scale = clip / norm
@@ -397,11 +397,11 @@ class Solver:
                 f"Gradient clipping: scaling down gradients (L2 norm {norm:.6g} > {clip:g}) by scale factor {scale:.6g}"
             )
             for p in self.net.learnable_params:
-                p.flat_diff[...] *= scale
+                p.dev_flat_diff[...] *= scale
 
     def normalize(self, i):
         if self.param.iter_size > 1:
-            self.net.learnable_params[i].flat_diff[...] *= 1.0 / self.param.iter_size
+            self.net.learnable_params[i].dev_flat_diff[...] *= 1.0 / self.param.iter_size
 
     def regularize(self, i):
         decay = self.param.weight_decay * self.net.params_weight_decay[i]
@@ -409,9 +409,9 @@ class Solver:
             return
         p = self.net.learnable_params[i]
         if self.param.regularization_type == "L2":
-            p.flat_diff[...] += decay * p.flat_data
+            p.dev_flat_diff[...] += decay * p.dev_flat_data
         else:
-            p.flat_diff[...] += decay * self.net.xp.sign(p.flat_data)
+            p.dev_flat_diff[...] += decay * self.net.xp.sign(p.dev_flat_data)
 
     def compute_update_value(self, i, rate):
         raise NotImplementedError

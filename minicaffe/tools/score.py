@@ -33,7 +33,7 @@ def score(net, iterations, log, quiet=False):
     for i in range(iterations):
         net.forward_from_to()
         for name in net.outputs:
-            v = np.asarray(net.backend.to_host(net.blobs[name].data), dtype=np.float64).ravel()
+            v = np.asarray(net.blobs[name].cpu_data(), dtype=np.float64).ravel()
             sums[name] = sums[name] + v if name in sums else v.copy()
             if not quiet:
                 log(f"Batch {i}, {name} = " + " ".join(f"{x:.6g}" for x in v))
