@@ -68,6 +68,7 @@ class MPITransport(Transport):
         self.closing = False
         self.error = None
         self._stop = False
+        self.in_flight = 0  # frames handed to send() and not yet completed and counted
         log(f"node {self.rank}/{self.world}: MPI ({MPI.Get_library_version().splitlines()[0].strip()})")
         self._check_config(config)
 
@@ -93,6 +94,13 @@ class MPITransport(Transport):
         a = array if array is not None else as_payload(payload)
         with self.lock:
             self.outbox.append((dst, kind, key, clock, a))
+            self.in_flight += 1
+
+    def flush(self, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while self.in_flight and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return not self.in_flight
 
     def _loop(self):
         MPI, comm = self.MPI, self.comm
@@ -119,6 +127,8 @@ class MPITransport(Transport):
                 for item in sending:
                     if MPI.Request.Testall(item[0]):
                         self.stats.on_send(item[1], item[2], item[3])
+                        with self.lock:
+                            self.in_flight -= 1
                     else:
                         still.append(item)
                 sending = still

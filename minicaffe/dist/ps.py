@@ -665,10 +665,14 @@ class Node:
         leave during the backward, so a shard could finish the clock, and its node the run,
         before a request sent from ``sync()`` reached it."""
         p, solver = self.solver.param, self.solver
-        want = self.rank == 0 and bool(self.ps_blobs) and (
-            (p.snapshot and nxt % p.snapshot == 0)
-            or (nxt >= p.max_iter and p.snapshot_after_train)
-            or (self.stop_at is not None and nxt >= self.stop_at)
+        want = (
+            self.rank == 0
+            and bool(self.ps_blobs)
+            and (
+                (p.snapshot and nxt % p.snapshot == 0)
+                or (nxt >= p.max_iter and p.snapshot_after_train)
+                or (self.stop_at is not None and nxt >= self.stop_at)
+            )
         )
         if not want:
             return False
@@ -742,6 +746,7 @@ class Node:
             self._stop_server = True
             self.cv.notify_all()
         self.server.join(30)
+        self.transport.flush()  # the last parameters this node broadcast are counted in its report
         mine = self.report()
         if self.error is not None:
             self.transport.shutdown()

@@ -387,7 +387,9 @@ def flops_model(source, batch=None):
         if t == "Data":
             src = lp.data_param.source
             if not src.startswith("synthetic:"):
-                raise MinicaffeError(f"simulate: layer '{lp.name}': its data shape is unknown ('{src}'); use synthetic data")
+                raise MinicaffeError(
+                    f"simulate: layer '{lp.name}': its data shape is unknown ('{src}'); use synthetic data"
+                )
             chw = [int(d) for d in src.split(":")[1].split("x")]
             b = batch or int(lp.data_param.batch_size)
             shapes[lp.top[0]] = [b] + chw

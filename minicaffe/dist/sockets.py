@@ -403,12 +403,22 @@ class SocketTransport(Transport):
             except queue.Empty:
                 item = (F.HEARTBEAT, 0, 0, None)
             if item is None:
+                q.task_done()
                 return
             try:
                 conn.send(*item)
             except OSError as exc:
                 self._fail(f"lost node {r}: sending failed ({exc.strerror or exc})")
                 return
+            finally:
+                q.task_done()  # sent and counted (or failed): flush() waits for this
+
+    def flush(self, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        for q in getattr(self, "queues", {}).values():
+            while q.unfinished_tasks and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return all(not q.unfinished_tasks for q in getattr(self, "queues", {}).values())
 
     def _recv_loop(self, r, conn):
         handler = self.handler

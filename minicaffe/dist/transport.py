@@ -239,6 +239,11 @@ class Transport:
     def send(self, dst, kind, key, clock, array=None, payload=None):
         raise NotImplementedError
 
+    def flush(self, timeout=30.0):
+        """Wait until every frame sent so far has left this node and is counted in ``stats``
+        (so a report taken next includes it); False if ``timeout`` ran out first."""
+        raise NotImplementedError
+
     def close(self, stats=None):
         raise NotImplementedError
 
