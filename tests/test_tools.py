@@ -132,3 +132,18 @@ def test_train_with_worker_threads(solver_file, tmp_path, capsys):
     assert log["test"][-1]["outputs"]["accuracy"] > 0.5
     assert train.main([solver_file, "--output", str(out), "--workers", "0"]) == 1
     assert "--workers must be >= 1" in capsys.readouterr().err
+
+
+def test_train_weights_reports_what_it_copied_once_in_the_log(solver_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main([solver_file, "--output", str(out), "--no-plot", "--iters", "5"]) == 0
+    weights = str(out / "toy_iter_5.caffemodel")
+    capsys.readouterr()
+    assert (
+        train.main([solver_file, "--output", str(tmp_path / "b"), "--no-plot", "--iters", "1", "--weights", weights])
+        == 0
+    )
+    captured = capsys.readouterr()
+    assert captured.out.count(f"Copied 1 layer(s) from {weights}") == 1
+    assert f"Initialized from {weights}" in captured.out
+    assert "Copied" not in captured.err  # the report goes to the tool's log, not around it

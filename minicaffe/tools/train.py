@@ -569,8 +569,8 @@ def run(args, argv=None):
         progress.set_phase("setting up: building the nets")
     solver = get_solver(param, base_dir=base_dir, log=log)
     if args.weights:
-        skipped = solver.net.copy_from(args.weights)
-        log(f"Initialized from {args.weights}" + (f" (ignored layers: {', '.join(skipped)})" if skipped else ""))
+        solver.net.copy_from(args.weights, log=log)  # logs ignored and missing layers, then a summary
+        log(f"Initialized from {args.weights}")
     if state_path:
         solver.restore(state_path)
         state_dir = os.path.dirname(os.path.abspath(state_path))
