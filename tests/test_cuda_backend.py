@@ -380,3 +380,24 @@ def test_gpu_step_benchmark_says_why_it_cannot_measure_here():
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "nothing to measure on this machine: the cuda backend cannot run here" in r.stdout, r.stdout
+
+
+def test_a_planned_net_lives_in_a_device_arena(gpu):
+    """plan_memory on a GPU backend puts the arena in device memory (it was a numpy array, which
+    only a simulator with numpy device arrays let pass), and the planned net computes what the
+    CPU's planned net does."""
+    from minicaffe.memory import plan_memory
+
+    losses, grads = [], []
+    for be in (_backend.get("cpu"), gpu):
+        caffe.set_random_seed(0)
+        net = caffe.Net(SMALL_NET, caffe.TRAIN, backend=be, dtype=np.float64)
+        plan = plan_memory(net)
+        assert isinstance(plan.arena.buffer, be.xp.ndarray)
+        rng = np.random.default_rng(0)
+        net.blobs["data"].data = rng.uniform(0, 1, net.blobs["data"].shape)
+        net.blobs["label"].data = rng.integers(0, 5, 2).astype(np.float64)
+        losses.append(net.forward_backward())
+        grads.append(net.params["conv"][0].diff.copy())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-12)
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-10, atol=1e-14)

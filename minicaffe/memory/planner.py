@@ -7,7 +7,7 @@ lowest offset where it overlaps, in memory, no already-placed buffer that is liv
 time.  Persistent buffers conflict with everything, so they end up side by side.
 
     plan = plan_net(net)          # lifetimes + offsets; runs the net once to size scratch
-    plan.allocate()               # one np.uint8 arena, every blob attached to its slice
+    plan.allocate()               # one uint8 arena (device memory on a GPU), every blob attached to its slice
     plan.poison(step)             # fill the bytes no buffer needs at `step` with 0xFF (NaN)
 
 The *peak* (the most bytes live at any one step) is a lower bound for any placement; the arena
@@ -75,9 +75,10 @@ def dry_run(net):
 class Arena:
     """One allocation carved into sections: ``reserve(nbytes)`` -> offset, then ``allocate()``."""
 
-    def __init__(self):
+    def __init__(self, xp=np):
         self.size = 0
         self.buffer = None
+        self.xp = xp  # the backend's array module: on a GPU the arena is device memory
 
     def reserve(self, nbytes):
         offset = self.size
@@ -85,7 +86,7 @@ class Arena:
         return offset
 
     def allocate(self):
-        self.buffer = np.empty(self.size, dtype=np.uint8)
+        self.buffer = self.xp.empty(self.size, dtype=np.uint8)
         return self.buffer
 
     def view(self, offset, count, dtype):
@@ -129,7 +130,7 @@ class NetPlan:
 
     def allocate(self):
         """A private arena for this plan alone; returns it."""
-        arena = Arena()
+        arena = Arena(self.net.xp)
         base = arena.reserve(self.size)
         arena.allocate()
         self.attach(arena, base)
