@@ -162,12 +162,13 @@ assert result["accuracy"] > (0.5 if QUICK else 0.97)
 
 # %% [markdown]
 # ## What the first layer learned
-# conv1 has 20 filters of 5x5 over the one input channel. Shown as images (as in Caffe's
-# `filter_visualization` notebook), after training on MNIST they become edge and stroke
-# detectors: red weights where the filter wants ink, blue where it wants background. Below, the
-# 20 feature maps of one test digit: each map is the digit seen through one filter, bright where
-# the filter's pattern is. (In quick mode the "digits" are synthetic noise patterns and the
-# filters stay noisy; run the lesson in full mode to see real strokes.)
+# conv1 has 20 filters of 5x5 over the one input channel, shown as images (as in Caffe's
+# `filter_visualization` notebook): red weights where a filter wants ink, blue where it wants
+# background. At 5x5 and after a few thousand iterations they look rough; what they do shows
+# better in the 20 feature maps of one test digit below: each map is the digit seen through one
+# filter, and in full mode on MNIST most of them light up on one kind of edge (the top or the
+# bottom of a horizontal stroke, the left or the right of a vertical one). In quick mode the
+# "digits" are synthetic patterns, so the pictures are only noise; run the lesson in full mode.
 
 # %%
 net = solver.test_nets[0]
