@@ -61,6 +61,8 @@ def build_graph(net_param, phase=None):
             nodes[f"blob:{name}:{version[name]}"] = ("blob", name, BLOB_COLOR)
         return f"blob:{name}:{version[name]}"
 
+    for name in net_param.input:  # legacy `input:` fields: blobs before any layer reads them
+        blob_node(name)
     for i, layer in enumerate(layers):
         lid = f"layer:{i}:{layer.name}"
         nodes[lid] = ("layer", layer_label(layer), LAYER_COLORS.get(layer.type, DEFAULT_COLOR))
@@ -68,8 +70,6 @@ def build_graph(net_param, phase=None):
             edges.append((blob_node(b), lid))
         for t in layer.top:
             edges.append((lid, blob_node(t, new=t in layer.bottom or t in version)))
-    for name in net_param.input:  # legacy `input:` fields
-        blob_node(name)
     return nodes, edges
 
 
@@ -132,10 +132,9 @@ def layout(nodes, edges, sweeps=4):
 
 def draw_net(net_param, rankdir="LR", ext="png", phase=None):
     """The drawing of ``net_param`` as bytes of an image file of type ``ext`` (png, svg, pdf)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # a Figure of its own with the Agg canvas: no pyplot, so a notebook's backend is left alone
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch
 
     if rankdir not in ("LR", "RL", "TB", "BT"):
@@ -154,7 +153,9 @@ def draw_net(net_param, rankdir="LR", ext="png", phase=None):
     horizontal = rankdir in ("LR", "RL")
     fig_w = (n_ranks if horizontal else width) * step_r + 1
     fig_h = (width if horizontal else n_ranks) * step_p + 1
-    fig, ax = plt.subplots(figsize=(min(fig_w, 200), min(fig_h, 200)))
+    fig = Figure(figsize=(min(fig_w, 200), min(fig_h, 200)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     ax.set_axis_off()
     boxes = {}
     for n, (kind, label, color) in nodes.items():
@@ -185,7 +186,6 @@ def draw_net(net_param, rankdir="LR", ext="png", phase=None):
     ax.set_title(title, fontsize=10)
     buf = io.BytesIO()
     fig.savefig(buf, format=ext, dpi=100, bbox_inches="tight")
-    plt.close(fig)
     return buf.getvalue()
 
 

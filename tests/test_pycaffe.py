@@ -189,3 +189,25 @@ def test_draw_net_tool_writes_a_png(tmp_path, capsys):
     assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
     assert draw_net.main(["no_such_net", str(tmp_path / "x.png")]) == 1
     assert capsys.readouterr().err.startswith("error: no net 'no_such_net'")
+
+
+def test_draw_net_legacy_input_fields_and_the_pyplot_backend_left_alone():
+    import matplotlib
+
+    from minicaffe import draw, proto
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # stands for a notebook's inline backend: draw_net must not switch it
+    p = proto.parse(
+        'name: "x"\ninput: "data"\ninput_shape { dim: 1 dim: 1 dim: 4 dim: 4 }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }\n',
+        "NetParameter",
+    )
+    try:
+        png = draw.draw_net(p)
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    nodes, edges = draw.build_graph(p)
+    assert ("blob:data:0", "layer:0:ip") in edges

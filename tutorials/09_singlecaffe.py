@@ -147,26 +147,33 @@ def nb_work(n):
 
 
 def threaded(fn, n, k):
+    """(wall seconds, cores busy = CPU seconds of this process / wall seconds)."""
     ths = [threading.Thread(target=fn, args=(n // k,)) for _ in range(k)]
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for th in ths:
         th.start()
     for th in ths:
         th.join()
-    return time.perf_counter() - t
+    wall = time.perf_counter() - t
+    return wall, (time.process_time() - c) / wall
 
 
 nb_work(10)
 n_py, n_nb = (1_500_000, 4_000_000) if QUICK else (4_000_000, 40_000_000)
-speedup = {}
+speedup, busy = {}, {}
 for label, fn, n in (("pure Python loop", py_work, n_py), ("numba, nogil=True", nb_work, n_nb)):
     one = min(threaded(fn, n, 1) for _ in range(5))  # the best of 5: the run least disturbed
     two = min(threaded(fn, n, 2) for _ in range(5))
-    speedup[label] = one / two
-    print(f"  {label:18s} 1 thread {one * 1e3:7.1f} ms, 2 threads {two * 1e3:7.1f} ms: {one / two:.2f}x")
+    speedup[label], busy[label] = one[0] / two[0], two[1]
+    print(
+        f"  {label:18s} 1 thread {one[0] * 1e3:7.1f} ms, 2 threads {two[0] * 1e3:7.1f} ms: "
+        f"{one[0] / two[0]:.2f}x, {two[1]:.2f} cores busy"
+    )
 gil = getattr(sys, "_is_gil_enabled", lambda: True)()
 if gil:
-    assert speedup["pure Python loop"] < 1.5, "with the GIL, Python threads cannot run bytecode at once"
+    # wall-clock ratios move with whatever else the machine runs; the CPU time the two threads
+    # got does not exceed one core while they need the GIL, however busy the machine is
+    assert busy["pure Python loop"] < 1.3, "with the GIL, Python threads cannot run bytecode at once"
 print("(on a machine busy with other work, the numba threads gain less than 2x: the cores are shared)")
 
 fig, ax = plt.subplots(figsize=(6, 2.4))
