@@ -294,3 +294,39 @@ def test_rates_and_the_token_bucket():
         bucket.take(100_000)  # 2 MB
     elapsed = time.perf_counter() - t0
     assert 0.15 < elapsed < 0.5, elapsed
+
+
+def test_idle_heartbeats_flush_and_an_abort_that_overtakes_queued_tensors():
+    """A sender that sent heartbeats while idle still sends; flush() waits until the queued frames
+    are counted; an ABORT goes before the tensors already queued to the same peer."""
+    ts = make_mesh(2, heartbeat=0.05)
+    order = []
+
+    class Record(Collect):
+        def destination(self, src, h):
+            order.append(h.kind)
+            return np.zeros(1 << 16) if h.kind == F.GRAD else None
+
+        def arrived(self, src, h, array):
+            with self.cv:
+                self.got.setdefault(src, 0)
+                self.got[src] += 1
+                self.cv.notify_all()
+
+    handlers = [Record(2, 4), Record(2, 4)]
+    for t, h in zip(ts, handlers):
+        t.start(h)
+    time.sleep(0.3)  # several heartbeats from both sides
+    big = np.ones(1 << 16)
+    for _ in range(40):
+        ts[0].send(1, F.GRAD, 0, 0, big)
+    ts[0].send(1, F.ABORT, 0, 0, payload=b"stop")
+    assert ts[0].flush(10)
+    assert ts[0].stats.sent[("GRAD", 0)] == 40 * (48 + big.nbytes)
+    deadline = time.monotonic() + 10
+    while order.count(F.GRAD) < 40 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert F.ABORT in order and order.index(F.ABORT) < 40, order[:5]  # it overtook most of the queue
+    assert not handlers[0].failures and not handlers[1].failures
+    for t in ts:
+        t.shutdown()

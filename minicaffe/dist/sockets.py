@@ -21,6 +21,7 @@ gone: no heartbeat for ``peer_timeout`` seconds) or that breaks the protocol sto
 the handler's ``failed`` names the node.
 """
 
+import collections
 import errno
 import json
 import queue
@@ -105,6 +106,9 @@ class Connection:
         except OSError:
             pass
         self.sock.close()
+
+
+_WAKE = ("wake",)  # a queue entry that only wakes a sender for its urgent frames
 
 
 def parse_address(text, what="address"):
@@ -382,6 +386,7 @@ class SocketTransport(Transport):
     def start(self, handler):
         self.handler = handler
         self.queues = {r: queue.Queue() for r in self.conns}
+        self.urgent = {r: collections.deque() for r in self.conns}  # ABORT overtakes queued tensors
         self.senders = []
         for r, conn in self.conns.items():
             conn.sock.settimeout(self.peer_timeout)
@@ -389,7 +394,14 @@ class SocketTransport(Transport):
             self._spawn(self._recv_loop, f"minicaffe-dist-recv-{r}", r, conn)
 
     def send(self, dst, kind, key, clock, array=None, payload=None):
-        self.queues[dst].put((kind, key, clock, array if array is not None else as_payload(payload)))
+        item = (kind, key, clock, array if array is not None else as_payload(payload))
+        if kind == F.ABORT:
+            # the reason a run stops must not wait behind the gradients already queued (with WFBP a
+            # whole backward's worth): it goes next, and an empty marker wakes the sender
+            self.urgent[dst].append(item)
+            self.queues[dst].put(_WAKE)
+        else:
+            self.queues[dst].put(item)
 
     def _fail(self, message):
         if not self.closing and self.handler is not None:
@@ -398,20 +410,25 @@ class SocketTransport(Transport):
     def _send_loop(self, r, conn):
         q = self.queues[r]
         while True:
+            queued = True
             try:
                 item = q.get(timeout=self.heartbeat)
             except queue.Empty:
-                item = (F.HEARTBEAT, 0, 0, None)
+                item, queued = (F.HEARTBEAT, 0, 0, None), False
             if item is None:
                 q.task_done()
                 return
             try:
-                conn.send(*item)
+                while self.urgent[r]:
+                    conn.send(*self.urgent[r].popleft())
+                if item is not _WAKE:
+                    conn.send(*item)
             except OSError as exc:
                 self._fail(f"lost node {r}: sending failed ({exc.strerror or exc})")
                 return
             finally:
-                q.task_done()  # sent and counted (or failed): flush() waits for this
+                if queued:
+                    q.task_done()  # sent and counted (or failed): flush() waits for this
 
     def flush(self, timeout=30.0):
         deadline = time.monotonic() + timeout
