@@ -245,15 +245,17 @@ def test_ctrl_c_stops_all_threads_and_snapshots(tmp_path):
         pytest.skip("signals are delivered to the main thread only")
     par = make_solver(tmp_path, max_iter=50, snapshot_after_train=True)
     par.on_iteration.append(lambda s, loss, lr: os.kill(os.getpid(), signal.SIGINT) if s.iter == 3 else None)
+    # (a process started in the background inherits SIGINT ignored: set the handler a terminal has)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         train_with_workers(par, 2)
+        restored = signal.getsignal(signal.SIGINT)  # the runtime puts back the handler it found
     finally:
         signal.signal(signal.SIGINT, previous)
     assert par.requested_stop and 3 <= par.iter < 50
     assert (tmp_path / f"snap_iter_{par.iter}.solverstate").exists()
     assert no_worker_threads()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert restored is signal.default_int_handler
 
 
 def test_blas_threads_are_limited_while_training_and_restored(tmp_path):
