@@ -103,6 +103,17 @@ def hw_pair(layer, p, name, values, default):
     raise layer.error(f"{name} given {len(values)} times; 2-d layers take 1 value or 2 (h, w)")
 
 
+def grouped_gemm(backend, groups, trans_a, trans_b, a, b, beta, c):
+    """Caffe's grouped convolution GEMMs: for g < groups, ``c_g = op(a_g) op(b_g) + beta c_g``,
+    where x_g is the g-th of ``groups`` equal blocks of x's rows (every operand's first dimension
+    is groups x its block)."""
+    ra, rb, rc = a.shape[0] // groups, b.shape[0] // groups, c.shape[0] // groups
+    for g in range(groups):
+        backend.gemm(
+            trans_a, trans_b, 1.0, a[g * ra : (g + 1) * ra], b[g * rb : (g + 1) * rb], beta, c[g * rc : (g + 1) * rc]
+        )
+
+
 def spatial_geometry(layer, p):
     """(kh, kw), (ph, pw), (sh, sw), (dh, dw) of a ConvolutionParameter, validated.
 

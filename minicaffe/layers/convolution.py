@@ -40,7 +40,7 @@ calls).  No bottom diff is computed where the Net says none is needed (the first
 """
 
 from ..layer import Layer, Scratch, register
-from ._common import fill_blob, has, shape_str, spatial_geometry
+from ._common import fill_blob, grouped_gemm, has, shape_str, spatial_geometry
 
 #: most elements a column buffer may hold before the batch is split into chunks of images
 COL_LIMIT = 1 << 25
@@ -178,7 +178,7 @@ class Convolution(_ConvBase):
         """x (n, C, H, W) -> y (n, M, OH, OW); leaves im2col(x) in the column buffer."""
         be, G = self.backend, self.group
         n = x.shape[0]
-        M, Mg = self.num_output, self.num_output // G
+        M = self.num_output
         K = self.channels // G * self.kh * self.kw
         P = n * self.out_h * self.out_w
         if self._pointwise and n == 1:
@@ -189,10 +189,7 @@ class Convolution(_ConvBase):
         w = self.blobs[0].dev_data.reshape(M, K)
         # With one image, (M, OH*OW) is already the top's layout: GEMM straight into it.
         out = y.reshape(M, P) if n == 1 else self._out.get(M, P)
-        for g in range(G):
-            be.gemm(
-                False, False, 1.0, w[g * Mg : (g + 1) * Mg], col[g * K : (g + 1) * K], 0.0, out[g * Mg : (g + 1) * Mg]
-            )
+        grouped_gemm(be, G, False, False, w, col, 0.0, out)
         y3 = y.reshape(n, M, -1)
         if n == 1:
             if self.bias_term:
@@ -205,7 +202,7 @@ class Convolution(_ConvBase):
     def _backward_chunk(self, key, x, dy, dx):
         be, G = self.backend, self.group
         n = x.shape[0]
-        M, Mg = self.num_output, self.num_output // G
+        M = self.num_output
         K = self.channels // G * self.kh * self.kw
         P = n * self.out_h * self.out_w
         col = x.reshape(G * K, P) if self._pointwise and n == 1 else self._col.get(G * K, P)
@@ -221,31 +218,13 @@ class Convolution(_ConvBase):
                 self.im2col(x, col, self.out_h, self.out_w)  # forward's columns are gone
                 self._col_key = key
             dw = self.blobs[0].dev_diff.reshape(M, K)
-            for g in range(G):
-                be.gemm(
-                    False,
-                    True,
-                    1.0,
-                    dout[g * Mg : (g + 1) * Mg],
-                    col[g * K : (g + 1) * K],
-                    1.0,
-                    dw[g * Mg : (g + 1) * Mg],
-                )
+            grouped_gemm(be, G, False, True, dout, col, 1.0, dw)
         if dx is not None:
             # d(col) = w^T @ dout goes into the column buffer, then col2im sums it into dx.
             w = self.blobs[0].dev_data.reshape(M, K)
             if self._pointwise and n == 1:
                 col = dx.reshape(G * K, P)  # d(col) is dx itself: the GEMMs write it
-            for g in range(G):
-                be.gemm(
-                    True,
-                    False,
-                    1.0,
-                    w[g * Mg : (g + 1) * Mg],
-                    dout[g * Mg : (g + 1) * Mg],
-                    0.0,
-                    col[g * K : (g + 1) * K],
-                )
+            grouped_gemm(be, G, True, False, w, dout, 0.0, col)
             self._col_key = None
             if not (self._pointwise and n == 1):
                 be.col2im(col, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, dx)

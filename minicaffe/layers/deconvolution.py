@@ -20,7 +20,7 @@ Backward::
 """
 
 from ..layer import Scratch, register
-from ._common import shape_str
+from ._common import grouped_gemm, shape_str
 from .convolution import _ConvBase, _Scratch
 
 
@@ -71,7 +71,7 @@ class Deconvolution(_ConvBase):
     def forward(self, bottom, top):
         be, G = self.backend, self.group
         C, M = self.channels, self.num_output
-        Cg, Kd = C // G, M // G * self.kh * self.kw
+        Kd = M // G * self.kh * self.kw
         wmat = self.blobs[0].dev_data.reshape(C, Kd)
         for b, t in zip(bottom, top):
             n, _, h, w = b.shape
@@ -80,16 +80,7 @@ class Deconvolution(_ConvBase):
                 x, y = b.dev_data[s : s + step], t.dev_data[s : s + step]
                 xm = self._xmat(x)
                 col = self._col.get(G * Kd, xm.shape[1])
-                for g in range(G):
-                    be.gemm(
-                        True,
-                        False,
-                        1.0,
-                        wmat[g * Cg : (g + 1) * Cg],
-                        xm[g * Cg : (g + 1) * Cg],
-                        0.0,
-                        col[g * Kd : (g + 1) * Kd],
-                    )
+                grouped_gemm(be, G, True, False, wmat, xm, 0.0, col)
                 be.col2im(col, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, y)
                 if self.bias_term:
                     y += self.blobs[1].dev_data.reshape(1, M, 1, 1)
@@ -97,7 +88,7 @@ class Deconvolution(_ConvBase):
     def backward(self, top, propagate_down, bottom):
         be, G = self.backend, self.group
         C, M = self.channels, self.num_output
-        Cg, Kd = C // G, M // G * self.kh * self.kw
+        Kd = M // G * self.kh * self.kw
         wmat = self.blobs[0].dev_data.reshape(C, Kd)
         for i, (b, t) in enumerate(zip(bottom, top)):
             if self.bias_term and self.param_propagate_down[1]:
@@ -114,28 +105,10 @@ class Deconvolution(_ConvBase):
                 if self.param_propagate_down[0]:
                     xm = self._xmat(x)
                     dw = self.blobs[0].dev_diff.reshape(C, Kd)
-                    for g in range(G):
-                        be.gemm(
-                            False,
-                            True,
-                            1.0,
-                            xm[g * Cg : (g + 1) * Cg],
-                            dcol[g * Kd : (g + 1) * Kd],
-                            1.0,
-                            dw[g * Cg : (g + 1) * Cg],
-                        )
+                    grouped_gemm(be, G, False, True, xm, dcol, 1.0, dw)
                 if propagate_down[i]:
                     dx = b.dev_diff[s : s + step]
                     dxm = dx.reshape(C, -1) if nb == 1 else self._xm.get(C, nb * h * w)
-                    for g in range(G):
-                        be.gemm(
-                            False,
-                            False,
-                            1.0,
-                            wmat[g * Cg : (g + 1) * Cg],
-                            dcol[g * Kd : (g + 1) * Kd],
-                            0.0,
-                            dxm[g * Cg : (g + 1) * Cg],
-                        )
+                    grouped_gemm(be, G, False, False, wmat, dcol, 0.0, dxm)
                     if nb > 1:
                         dx.reshape(nb, C, -1)[...] = dxm.reshape(C, nb, -1).transpose(1, 0, 2)
