@@ -106,3 +106,23 @@ def test_a_nan_from_one_worker_names_the_worker(tmp_path):
     with pytest.raises(SolverError, match=r"loss is nan at iteration 2.*worker 1.*layer 'gate'") as info:
         ParallelTrainer(solver, 2).solve()
     assert "base_lr" not in str(info.value)  # the parameters did not diverge
+
+
+def test_the_train_tool_takes_the_worker_deadline(tmp_path, capsys):
+    from minicaffe.tools import train
+
+    GATE["mode"] = "hang"
+    solver_file = tmp_path / "hang_solver.prototxt"
+    solver_file.write_text(
+        'base_lr: 0.05 momentum: 0.9 lr_policy: "fixed" random_seed: 5 display: 0 max_iter: 50\n'
+        f'snapshot_prefix: "{tmp_path / "snap"}"\nnet_param {{ {NET} }}\n'
+    )
+    args = [str(solver_file), "--workers", "2", "--output", str(tmp_path / "run"), "--no-plot"]
+    assert train.main(args + ["--worker-timeout", "-1"]) != 0
+    assert "--worker-timeout must be a number of seconds >= 0" in capsys.readouterr().err
+    t0 = time.perf_counter()
+    assert train.main(args + ["--worker-timeout", "1"]) != 0
+    assert time.perf_counter() - t0 < 30  # the 1 s deadline, not the default 300 s
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "worker 1 (minicaffe-worker-1)" in text and "1 s (worker_timeout)" in text, text

@@ -86,6 +86,14 @@ def build_parser():
         default=0,
         help="with --workers: bounded staleness s (SSP); 0 = synchronous (BSP, the default)",
     )
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --workers: a worker that takes longer than this for one iteration is hung; the run ends "
+        "with a snapshot of the last consistent parameters (default 300; 0 = wait forever)",
+    )
     p.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
     dist.add_arguments(p)  # --nodes, --rank, --rendezvous, --dist mpi, ... (minicaffe/dist/launch.py)
     return p
@@ -509,6 +517,10 @@ def run(args, argv=None):
         raise MinicaffeError("give --weights (start from weights) or --resume (continue a run), not both")
     if args.workers < 1 or args.staleness < 0:
         raise MinicaffeError(f"--workers must be >= 1 and --staleness >= 0 (got {args.workers}, {args.staleness})")
+    if args.worker_timeout is not None and not args.worker_timeout >= 0:
+        raise MinicaffeError(
+            f"--worker-timeout must be a number of seconds >= 0 (0 = no deadline), got {args.worker_timeout}"
+        )
     if args.iters is not None and args.iters < 0:
         raise MinicaffeError(f"--iters must be >= 0, got {args.iters}")
     if args.force and not args.output:
@@ -670,7 +682,8 @@ def run(args, argv=None):
         elif args.workers > 1 or args.staleness > 0:
             from ..parallel import train_with_workers
 
-            trainer = train_with_workers(solver, args.workers, staleness=args.staleness)
+            timeout = {} if args.worker_timeout is None else {"worker_timeout": args.worker_timeout or None}
+            trainer = train_with_workers(solver, args.workers, staleness=args.staleness, **timeout)
             st = trainer.stats()
             ms = lambda v: f"{1000 * v:.2f}"
             log(
