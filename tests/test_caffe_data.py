@@ -472,3 +472,17 @@ def test_leveldbs_at_one_relative_path_in_two_directories(tmp_path, monkeypatch)
         layer.forward([], top)
         assert top[1].data.tolist() == [k]
         layer.stop()
+
+
+def test_the_converters_report_bad_input_in_one_error_line(tmp_path, capsys):
+    missing = str(tmp_path / "nowhere")
+    cases = [
+        (convert_imageset.main, [str(tmp_path), missing, str(tmp_path / "db1")], "list file"),
+        (convert_mnist_data.main, [missing + "-images", missing + "-labels", str(tmp_path / "db2")], "nowhere"),
+        (compute_image_mean.main, [missing], "nowhere"),
+    ]
+    for main, args, word in cases:
+        assert main(args) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and word in err[0], err
+    assert not (tmp_path / "db1").exists() and not (tmp_path / "db2").exists()

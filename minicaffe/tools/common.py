@@ -1,5 +1,6 @@
 """What the command-line tools share: finding nets by short name, the version banner, logging."""
 
+import functools
 import os
 import platform
 import sys
@@ -264,6 +265,22 @@ class Progress:
     def close(self):
         if self.enabled:
             self.clear()
+
+
+def one_line_errors(main):
+    """A tool's ``main(argv)``: minicaffe's errors become one ``error:`` line on stderr and exit
+    status 1 (never a traceback); otherwise the status ``main`` returns (None: 0)."""
+
+    @functools.wraps(main)
+    def wrapped(argv=None):
+        try:
+            status = main(argv)
+        except MinicaffeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0 if status is None else status
+
+    return wrapped
 
 
 def run_net_tool(args, body):

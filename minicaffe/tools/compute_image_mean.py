@@ -16,8 +16,7 @@ import numpy as np
 
 from ..data._util import DatasetError, atomic_write
 from ..data.sources import DatumDBDataset
-from ..errors import MinicaffeError
-from .common import banner
+from .common import banner, one_line_errors
 
 
 def mean_blobproto(sum_image, count):
@@ -48,6 +47,7 @@ def compute(db_path, backend=None, log=print):
     return mean, data
 
 
+@one_line_errors
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m minicaffe.tools.compute_image_mean", description=__doc__.split("\n\n")[0]
@@ -57,18 +57,13 @@ def main(argv=None):
     p.add_argument("--backend", choices=("lmdb", "leveldb"), help="only needed when the files do not tell")
     a = p.parse_args(argv)
     print(banner())
-    try:
-        mean, data = compute(a.input_db, a.backend.upper() if a.backend else None)
-        if a.output_file:
-            print(f"Write to {a.output_file}")
-            atomic_write(a.output_file, lambda f: f.write(data))
-        print(f"Number of channels: {mean.shape[0]}")
-        for c in range(mean.shape[0]):
-            print(f"mean_value channel [{c}]: {float(mean[c].astype(np.float64).mean()):g}")
-        return 0
-    except MinicaffeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    mean, data = compute(a.input_db, a.backend.upper() if a.backend else None)
+    if a.output_file:
+        print(f"Write to {a.output_file}")
+        atomic_write(a.output_file, lambda f: f.write(data))
+    print(f"Number of channels: {mean.shape[0]}")
+    for c in range(mean.shape[0]):
+        print(f"mean_value channel [{c}]: {float(mean[c].astype(np.float64).mean()):g}")
 
 
 if __name__ == "__main__":

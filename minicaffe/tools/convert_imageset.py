@@ -28,8 +28,7 @@ from ..data._util import DatasetError
 from ..data.datum import bgr_chw_to_pil, encode_datum, read_image
 from ..data.db import Writer
 from ..data.sources import parse_image_list
-from ..errors import MinicaffeError
-from .common import banner
+from .common import banner, one_line_errors
 
 
 def caffe_bool(value):
@@ -150,32 +149,28 @@ def convert(
     return count, skipped
 
 
+@one_line_errors
 def main(argv=None):
     a = build_parser().parse_args(argv)
     print(banner())
-    try:
-        if not os.path.isfile(a.list_file):
-            raise DatasetError(f"list file '{a.list_file}' not found")
-        _, skipped = convert(
-            a.root_folder,
-            a.list_file,
-            a.db_name,
-            a.gray,
-            a.shuffle,
-            a.backend,
-            a.resize_height,
-            a.resize_width,
-            a.check_size,
-            a.encoded,
-            a.encode_type,
-            a.seed,
-        )
-        if skipped:
-            print(f"{skipped} image(s) could not be read and were skipped", file=sys.stderr)
-        return 0
-    except MinicaffeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if not os.path.isfile(a.list_file):
+        raise DatasetError(f"list file '{a.list_file}' not found")
+    _, skipped = convert(
+        a.root_folder,
+        a.list_file,
+        a.db_name,
+        a.gray,
+        a.shuffle,
+        a.backend,
+        a.resize_height,
+        a.resize_width,
+        a.check_size,
+        a.encoded,
+        a.encode_type,
+        a.seed,
+    )
+    if skipped:
+        print(f"{skipped} image(s) could not be read and were skipped", file=sys.stderr)
 
 
 if __name__ == "__main__":

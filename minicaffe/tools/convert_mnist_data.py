@@ -16,8 +16,7 @@ from ..data._util import DatasetError
 from ..data.datum import encode_datum
 from ..data.db import Writer
 from ..data.idx import read_idx
-from ..errors import MinicaffeError
-from .common import banner
+from .common import banner, one_line_errors
 
 
 def convert(image_file, label_file, db_path, backend="lmdb", log=print):
@@ -37,6 +36,7 @@ def convert(image_file, label_file, db_path, backend="lmdb", log=print):
     return len(images)
 
 
+@one_line_errors
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m minicaffe.tools.convert_mnist_data", description=__doc__.split("\n\n")[0]
@@ -47,12 +47,7 @@ def main(argv=None):
     p.add_argument("--backend", default="lmdb", choices=("lmdb", "leveldb"))
     a = p.parse_args(argv)
     print(banner())
-    try:
-        convert(a.input_image_file, a.input_label_file, a.output_db_file, a.backend)
-        return 0
-    except MinicaffeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    convert(a.input_image_file, a.input_label_file, a.output_db_file, a.backend)
 
 
 if __name__ == "__main__":
