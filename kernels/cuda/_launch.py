@@ -121,6 +121,10 @@ class Launcher:
 
             self.xp = simcupy
             self._fake = FakeCUDAArray
+            # numba's simulator runs one kernel at a time per process ("concurrent simulated
+            # kernel not supported"); a GPU runs launches from several host threads (the threaded
+            # runtime's workers) in stream order, so the simulator's launches are serialized here
+            self._sim_lock = threading.Lock()
         else:
             import cupy
 
@@ -167,6 +171,10 @@ class Launcher:
         return s
 
     def launch(self, kernel, grid, block, *args):
+        if self.simulator:
+            with self._sim_lock:
+                kernel[grid, block, 0](*[self._arg(a) for a in args])
+            return
         kernel[grid, block, self.stream()](*[self._arg(a) for a in args])
 
     def synchronize(self):

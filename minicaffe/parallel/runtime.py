@@ -147,7 +147,10 @@ class ParallelTrainer:
             self.bounds[layer.name] = shard_bounds(layer.batch_size, self.n)
         first = self.data_layers[0][1]
         self.batch = first.batch_size
+        # each worker's share of the global batch: on the host for the losses, and as the
+        # backend's array for the gradient reduction (device memory on a GPU backend)
         self.weights = np.array([(hi - lo) / self.batch for lo, hi in self.bounds[first.name]], net.dtype)
+        self._dev_weights = net.backend.from_host(self.weights) if net.xp is not np else self.weights
         self.replicas = [
             build_replica(
                 solver,
@@ -183,7 +186,7 @@ class ParallelTrainer:
         self.plans += [
             (f"worker {k}", plan_net(r, params=False, recompute=recompute)) for k, r in enumerate(self.replicas)
         ]
-        arena = self.arena = Arena()
+        arena = self.arena = Arena(net.xp)  # device memory on a GPU backend
         off_w = arena.reserve(P * dt.itemsize)
         off_g = arena.reserve(P * dt.itemsize)
         hist = history_buffers(solver)
@@ -432,7 +435,7 @@ class ParallelTrainer:
         if self.n == 1:
             G += self.grads[0, slot]
         else:
-            G += self.weights @ self.grads[:, slot]  # one gemv over the flat gradients
+            G += self._dev_weights @ self.grads[:, slot]  # one gemv over the flat gradients
         loss = float(np.dot(self.weights, losses))
         for name in outputs[0]:
             self.solver.net.blobs[name].data[...] = sum(w * o[name] for w, o in zip(self.weights, outputs))
