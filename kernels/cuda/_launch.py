@@ -55,7 +55,7 @@ class Config:
     threads: int = 256
     max_blocks: int = 8192
     gemm_tile: int = 16
-    regblock: tuple = (64, 64, 8, 4, 4)
+    regblock: tuple = (128, 128, 8, 8, 8)
     row_threads: int = 128
     gemm_grid: int = 65535
 

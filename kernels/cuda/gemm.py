@@ -1,28 +1,51 @@
-"""GEMM on the GPU: c = alpha * op(a) @ op(b) + beta * c, from one thread per element to
-register blocking, against cuBLAS.
+"""GEMM on the GPU: c = alpha * op(a) @ op(b) + beta * c, a ladder from one thread per element to
+a register-blocked, double-buffered kernel, against cuBLAS.
 
 Contract: the CPU family's (``kernels/gemm.py``): op(a) (M, K), op(b) (K, N), c (M, N)
 C-contiguous; beta == 0 means c is not read; c may alias a or b (the input is copied first).
-Transposes are handled by passing the transposed *view* to the kernel (numba indexes any
-strides): no copy, but a transposed operand is read across its rows, so its loads do not
-coalesce -- one reason cuBLAS, which has a kernel per layout, stays ahead.  Each wrapper takes
-the launcher ``L`` first.  Checked against the CPU file's float64 ``gemm_reference``.
+Each wrapper takes the launcher ``L`` first.  Checked against the CPU file's float64
+``gemm_reference``.  v1 and v2 are handed the transposed *views* (numba indexes any strides; a
+transposed operand is then read across its rows and those loads do not coalesce); v3 and v4
+are built once per pair of transposes and read a and b as stored, always along their
+contiguous axis.
 
-Versions (thread mapping in each kernel's docstring):
+Versions (thread mapping in each kernel's docstring), each meant to be faster than the one above:
   cublas        ``xp.matmul``: cuBLAS on CuPy arrays (in the simulator numpy's BLAS stands in,
                 so the engine's code path is the same); the CPU family's ``vendor_gemm`` and
-                ``check_operands``, shared.  The baseline, and the default: on a
-                GPU nothing here beats it (the benchmark prints the ratio).
-  v1_naive      one thread per element of c, K multiply-adds from global memory: each a and b
-                element is loaded M or N times over; L1/L2 catch some of it.
-  v2_tiled      TILE x TILE blocks; the block stages a TILE x TILE tile of op(a) and of op(b) in
-                shared memory, then every thread does TILE multiply-adds from shared memory:
-                global traffic drops by a factor TILE.  Still one shared load per FMA.
-  v3_regblock   a block of (BM/TM) x (BN/TN) threads computes a BM x BN tile of c; each thread
-                keeps a TM x TN sub-tile of c in registers and, per k, loads TM values of a and TN
-                of b from shared memory for TM*TN FMAs (an outer product): the FMA:load ratio
-                goes from 1:1 to TM*TN:(TM+TN), the step that takes a GEMM to a good fraction of
-                cuBLAS (simon boehm's "2D blocktiling").
+                ``check_operands``, shared.  The baseline, and the default.
+  v1_naive      one thread per element of c, K multiply-adds from global memory: each element of
+                a and b is loaded M or N times over; only the caches save it.
+  v2_tiled      16 x 16 blocks stage 16 x 16 tiles of op(a) and op(b) in shared memory: global
+                traffic drops 16x.  Still one shared load per FMA, so shared-memory bandwidth
+                and load instructions cap it.
+  v3_regblock   register blocking: a 256-thread block computes a 128 x 128 tile of c, each thread
+                8 x 8 of it in registers.  Per k a thread loads 8 values of a and 8 of b from
+                shared memory for 64 FMAs (4 FMAs per load instead of 1), from an a-tile stored
+                transposed (k-major) so that both are row reads.  Thread (tx, ty) owns rows
+                ty + 16 r and columns tx + 16 s: a half-warp reads 16 consecutive floats of the
+                b-tile (16 banks) and one of the a-tile (a broadcast), no bank conflicts.  The
+                global loads coalesce for every transpose pair; edge tiles are zero-filled when
+                loaded, so the inner loop has no bounds test.  ptxas: at most 128 registers (two
+                blocks, 16 warps, per SM), no spills, for every transpose pair.
+  v4_double_buffered  v3 with two shared stages: the loads of slice k + 1 are issued into
+                registers before slice k's FMAs and stored into the other stage after them, so
+                global latency hides behind arithmetic, and one barrier per slice replaces two.
+
+Why the previous top rung (64 x 64 tile, 4 x 4 per thread) ran slower than v2_tiled on an H200
+(6.3 against 7.7 TFLOP/s at 4096^3; cuBLAS 51), read from its PTX: the loop over k was a
+real loop whose body held 16 FMAs, 8 shared loads and 42 instructions of 64-bit index
+arithmetic: numba's negative-index fix-up (a compare and a select per subscript, since it
+could not prove the indices non-negative) kept every address from folding into its load, so
+FMAs were a quarter of the instructions issued.  The 4 x 4 blocking gave only 2 FMAs per shared
+load, b-tile reads were 2-way bank conflicted and a-tile stores 8-way, and 127 registers
+(for 16 accumulators: the rest held 64-bit addresses) allowed two 256-thread blocks per SM,
+the occupancy v3 now reaches with 64 accumulators per thread.  The fixes, each visible in the PTX and asserted by
+tests/test_cuda_gemm_ladder.py: subscripts are unsigned (``U``) where they are known to be
+non-negative, which drops the fix-up and lets the offsets fold (``ld.shared.f32 [%rd+64]``);
+8 x 8 blocking (4 FMAs per shared load); the strided thread layout and padded shared rows
+(no bank conflicts); ``beta == 0`` decided when the kernel is built (tested per element it
+cost 100 registers).  Shared loads stay scalar: numba declares shared arrays 4-byte aligned,
+so the compiler cannot merge four into an ``ld.shared.v4``.
 
 Tile sizes are compile-time constants (``make_*`` build one kernel per size, cached), so loops
 over a tile unroll; the simulator runs the same source with small tiles (``_launch.SIM_CONFIG``).
@@ -30,12 +53,19 @@ over a tile unroll; the simulator runs the same source with small tiles (``_laun
 
 import functools
 
+import numpy as np
 from numba import cuda
 
 from .. import _versions
 from ..gemm import check_operands, gemm_reference, vendor_gemm  # noqa: F401  (gemm_reference: for the tests)
 
-__all__ = ["gemm", "VERSIONS", "DEFAULTS", "use", "make_tiled", "make_regblock"]
+__all__ = ["gemm", "VERSIONS", "DEFAULTS", "use", "make_tiled", "make_regblock", "make_double_buffered"]
+
+
+#: index with an unsigned integer: numba then skips its negative-index fix-up (a compare and a select
+#: per subscript), and the compiler can fold an unrolled loop's offsets into the load instruction
+#: (``ld.shared.f32 [%rd+64]``): v3's old inner loop spent more instructions on that than on FMAs
+U = np.uint64
 
 
 def _unalias(xp, X, c):
@@ -108,29 +138,144 @@ def make_tiled(TILE):
     return gemm_tiled
 
 
-# -- v3: register blocking -------------------------------------------------------------------------
-@functools.cache
-def make_regblock(BM, BN, BK, TM, TN):
-    TY, TX = BM // TM, BN // TN  # the block: TY x TX threads
+# -- v3 and v4: register blocking, then double buffering --------------------------------------------
+def _check_blocking(BM, BN, BK, TM, TN):
+    """The shapes the register-blocked kernels can take (they are compile-time constants: a
+    wrong one is an error at kernel-build time, never a wrong product)."""
+    TY, TX = BM // TM, BN // TN
     NT = TX * TY
+    ok = (
+        BM % TM == 0
+        and BN % TN == 0
+        and all(v > 0 and v & (v - 1) == 0 for v in (BM, BN, BK))  # powers of two: // and % are shifts
+        and NT % BM == 0
+        and NT % BN == 0
+        and NT % BK == 0
+        and (BM * BK) % NT == 0
+        and (BN * BK) % NT == 0
+    )
+    if not ok:
+        raise ValueError(
+            f"register blocking BM,BN,BK,TM,TN = {BM},{BN},{BK},{TM},{TN}: needs BM, BN, BK powers of two, "
+            f"TM | BM, TN | BN, and the {NT} threads dividing BM, BN, BK, BM*BK and BN*BK"
+        )
+    return TY, TX, NT
+
+
+@functools.cache
+def _tile_parts(BM, BN, BK, TM, TN, ta, tb, beta0):
+    """The device functions v3 and v4 share, for one tile shape and one pair of transposes
+    (compile-time constants, so every loop below has a constant trip count and unrolls, and every
+    branch on ``ta`` / ``tb`` is decided when the kernel is built).
+
+    Shared tiles: ``As[stage, k, m]`` = op(a)[row0 + m, k0 + k] -- op(a)'s tile stored
+    *transposed* (k-major), so that the compute step reads a row of it -- and
+    ``Bs[stage, k, n]`` = op(b)[k0 + k, col0 + n].  Each row is padded by ``PAD`` elements: when
+    consecutive threads load consecutive k (an operand whose rows run along k), they store down a
+    column of the tile, and without the pad 32 // BK of them would hit each bank.
+
+    fetch: global -> registers.  Thread t loads LA elements of op(a)'s BM x BK tile and LB of
+      op(b)'s BK x BN tile into ``ra`` / ``rb``, consecutive threads at consecutive addresses of
+      the operand *as stored* (so along k for a non-transposed a, along m for a transposed one):
+      every warp's load coalesces, whatever the transposes.  Outside the matrices it loads 0, so
+      edge tiles need no test anywhere else.
+    stash: registers -> shared stage ``st``.
+    step: the BK outer products of one tile from shared stage ``st`` into the TM x TN
+      accumulators: per k, TM values of As (a row, held in ``af``) and TN of Bs (``bf``) for TM*TN
+      FMAs.  Thread (tx, ty) owns rows ty + TY*r and columns tx + TX*s of the block's tile
+      (strided, not a contiguous TM x TN patch): the 16 threads of a half-warp then read 16
+      consecutive Bs elements (16 banks, no conflict) and all share one As element (a
+      broadcast), and the same layout makes C's stores coalesce.
+    write: C = alpha acc + beta C, inside the matrix.  ``beta0`` (beta == 0: C is not read) is
+      a build-time constant too: tested per element at run time, it cost the kernel about 100
+      registers (ptxas: 230 instead of 123), and with them half its occupancy.
+    """
+    TY, TX, NT = _check_blocking(BM, BN, BK, TM, TN)
+    LA, LB = BM * BK // NT, BN * BK // NT  # elements each thread moves per tile
+    PAD = max(1, 32 // BK)
+
+    @cuda.jit(device=True)
+    def fetch(a, b, M, N, K, row0, col0, k0, t, ra, rb):
+        zero = ra.dtype.type(0)
+        for q in range(LA):
+            if ta:  # a stored (K, M): consecutive threads along m
+                m, k = t % BM, t // BM + q * (NT // BM)
+                i, p = row0 + m, k0 + k
+                ra[q] = a[U(p), U(i)] if (i < M and p < K) else zero
+            else:  # a stored (M, K): consecutive threads along k
+                m, k = t // BK + q * (NT // BK), t % BK
+                i, p = row0 + m, k0 + k
+                ra[q] = a[U(i), U(p)] if (i < M and p < K) else zero
+        for q in range(LB):
+            if tb:  # b stored (N, K): along k
+                n, k = t // BK + q * (NT // BK), t % BK
+                j, p = col0 + n, k0 + k
+                rb[q] = b[U(j), U(p)] if (j < N and p < K) else zero
+            else:  # b stored (K, N): along n
+                n, k = t % BN, t // BN + q * (NT // BN)
+                j, p = col0 + n, k0 + k
+                rb[q] = b[U(p), U(j)] if (j < N and p < K) else zero
+
+    @cuda.jit(device=True)
+    def stash(As, Bs, st, t, ra, rb):
+        for q in range(LA):
+            if ta:
+                As[U(st), U(t // BM + q * (NT // BM)), U(t % BM)] = ra[q]
+            else:
+                As[U(st), U(t % BK), U(t // BK + q * (NT // BK))] = ra[q]
+        for q in range(LB):
+            if tb:
+                Bs[U(st), U(t % BK), U(t // BK + q * (NT // BK))] = rb[q]
+            else:
+                Bs[U(st), U(t // BN + q * (NT // BN)), U(t % BN)] = rb[q]
+
+    @cuda.jit(device=True)
+    def step(As, Bs, st, tx, ty, acc, af, bf):
+        for k in range(BK):
+            for r in range(TM):
+                af[r] = As[U(st), U(k), U(ty + TY * r)]
+            for s in range(TN):
+                bf[s] = Bs[U(st), U(k), U(tx + TX * s)]
+            for r in range(TM):
+                for s in range(TN):
+                    acc[r, s] += af[r] * bf[s]
+
+    @cuda.jit(device=True)
+    def write(alpha, beta, C, row0, col0, tx, ty, acc):
+        M, N = C.shape
+        for r in range(TM):
+            i = row0 + ty + TY * r
+            for s in range(TN):
+                j = col0 + tx + TX * s
+                if i < M and j < N:
+                    if beta0:
+                        C[U(i), U(j)] = alpha * acc[r, s]
+                    else:
+                        C[U(i), U(j)] = alpha * acc[r, s] + beta * C[U(i), U(j)]
+
+    return TY, TX, LA, LB, BM + PAD, BN + PAD, fetch, stash, step, write
+
+
+@functools.cache
+def make_regblock(BM, BN, BK, TM, TN, ta=False, tb=False, beta0=False):
+    """v3: kernel(alpha, a, b, beta, C) for a and b *as stored* (op() by ``ta`` / ``tb``)."""
+    TY, TX, LA, LB, SA, SB, fetch, stash, step, write = _tile_parts(BM, BN, BK, TM, TN, ta, tb, beta0)
 
     @cuda.jit
-    def gemm_regblock(alpha, A, B, beta, C):
-        """Block (TX, TY) = (BN/TN, BM/TM) owns a BM x BN tile of C (grid-strided); thread
-        (tx, ty) owns the TM x TN sub-tile at rows ty*TM.., columns tx*TN.. of it, held in
-        registers (a local array with constant indices).  Per step of BK along K the NT threads
-        of the block load the BM x BK slice of A (linear thread t takes elements t, t + NT, ...;
-        consecutive t read consecutive k: coalesced) into As stored k-major (As[k, m]) and the
-        BK x BN slice of B into Bs[k, n] (consecutive t, consecutive n); then, per k, each thread
-        reads TM values As[k, ty*TM + r] and TN values Bs[k, tx*TN + s] into registers and does
-        their TM x TN outer product: TM*TN FMAs for TM+TN shared loads."""
-        As = cuda.shared.array((BK, BM), dtype=C.dtype)
-        Bs = cuda.shared.array((BK, BN), dtype=C.dtype)
+    def gemm_regblock(alpha, a, b, beta, C):
+        """Block (TX, TY) = (BN/TN, BM/TM) owns a BM x BN tile of C (tiles grid-strided); thread
+        (tx, ty) keeps TM x TN accumulators in registers.  Per BK-slice of K: fetch the two tiles
+        into registers (all LA + LB loads in flight at once), stash them in shared memory, sync,
+        BK outer-product steps, sync (before the next stash overwrites the tiles)."""
+        As = cuda.shared.array((1, BK, SA), dtype=C.dtype)
+        Bs = cuda.shared.array((1, BK, SB), dtype=C.dtype)
         acc = cuda.local.array((TM, TN), dtype=C.dtype)
         af = cuda.local.array(TM, dtype=C.dtype)
         bf = cuda.local.array(TN, dtype=C.dtype)
-        M, K = A.shape
-        N = B.shape[1]
+        ra = cuda.local.array(LA, dtype=C.dtype)
+        rb = cuda.local.array(LB, dtype=C.dtype)
+        M, N = C.shape
+        K = a.shape[0] if ta else a.shape[1]
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         t = ty * TX + tx
@@ -141,35 +286,63 @@ def make_regblock(BM, BN, BK, TM, TN):
                     for s in range(TN):
                         acc[r, s] = zero
                 for k0 in range(0, K, BK):
-                    for e in range(t, BM * BK, NT):
-                        m = e // BK
-                        k = e % BK
-                        As[k, m] = A[row0 + m, k0 + k] if (row0 + m < M and k0 + k < K) else zero
-                    for e in range(t, BK * BN, NT):
-                        k = e // BN
-                        n = e % BN
-                        Bs[k, n] = B[k0 + k, col0 + n] if (k0 + k < K and col0 + n < N) else zero
+                    fetch(a, b, M, N, K, row0, col0, k0, t, ra, rb)
+                    stash(As, Bs, 0, t, ra, rb)
                     cuda.syncthreads()
-                    for k in range(BK):
-                        for r in range(TM):
-                            af[r] = As[k, ty * TM + r]
-                        for s in range(TN):
-                            bf[s] = Bs[k, tx * TN + s]
-                        for r in range(TM):
-                            for s in range(TN):
-                                acc[r, s] += af[r] * bf[s]
+                    step(As, Bs, 0, tx, ty, acc, af, bf)
                     cuda.syncthreads()
-                for r in range(TM):
-                    i = row0 + ty * TM + r
-                    for s in range(TN):
-                        j = col0 + tx * TN + s
-                        if i < M and j < N:
-                            if beta == 0:
-                                C[i, j] = alpha * acc[r, s]
-                            else:
-                                C[i, j] = alpha * acc[r, s] + beta * C[i, j]
+                write(alpha, beta, C, row0, col0, tx, ty, acc)
 
     return gemm_regblock
+
+
+@functools.cache
+def make_double_buffered(BM, BN, BK, TM, TN, ta=False, tb=False, beta0=False):
+    """v4: v3 with two shared stages and the next tile's loads in flight during this tile's math."""
+    TY, TX, LA, LB, SA, SB, fetch, stash, step, write = _tile_parts(BM, BN, BK, TM, TN, ta, tb, beta0)
+
+    @cuda.jit
+    def gemm_double_buffered(alpha, a, b, beta, C):
+        """As v3, with stages 0 and 1 of As / Bs.  Before the loop: fetch + stash slice 0 into
+        stage 0, sync.  Per slice: issue the loads of slice k0 + BK into registers (they take
+        hundreds of cycles to arrive), do this slice's BK outer products from stage ``st``
+        meanwhile, stash the registers into the other stage, one sync, swap stages.  The stage
+        being written was last read one slice earlier, before that slice's sync: one barrier per
+        slice instead of v3's two, and the memory latency hides behind the FMAs."""
+        As = cuda.shared.array((2, BK, SA), dtype=C.dtype)
+        Bs = cuda.shared.array((2, BK, SB), dtype=C.dtype)
+        acc = cuda.local.array((TM, TN), dtype=C.dtype)
+        af = cuda.local.array(TM, dtype=C.dtype)
+        bf = cuda.local.array(TN, dtype=C.dtype)
+        ra = cuda.local.array(LA, dtype=C.dtype)
+        rb = cuda.local.array(LB, dtype=C.dtype)
+        M, N = C.shape
+        K = a.shape[0] if ta else a.shape[1]
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        t = ty * TX + tx
+        zero = C.dtype.type(0)
+        for row0 in range(cuda.blockIdx.y * BM, M, cuda.gridDim.y * BM):
+            for col0 in range(cuda.blockIdx.x * BN, N, cuda.gridDim.x * BN):
+                for r in range(TM):
+                    for s in range(TN):
+                        acc[r, s] = zero
+                fetch(a, b, M, N, K, row0, col0, 0, t, ra, rb)
+                stash(As, Bs, 0, t, ra, rb)
+                cuda.syncthreads()
+                st = 0
+                for k0 in range(0, K, BK):
+                    more = k0 + BK < K
+                    if more:
+                        fetch(a, b, M, N, K, row0, col0, k0 + BK, t, ra, rb)
+                    step(As, Bs, st, tx, ty, acc, af, bf)
+                    if more:
+                        stash(As, Bs, 1 - st, t, ra, rb)
+                    cuda.syncthreads()
+                    st = 1 - st
+                write(alpha, beta, C, row0, col0, tx, ty, acc)
+
+    return gemm_double_buffered
 
 
 # -- wrappers ------------------------------------------------------------------------------------------
@@ -193,20 +366,23 @@ def gemm_v2_tiled(L, trans_a, trans_b, alpha, a, b, beta, c):
         L.launch(make_tiled(T), L.grid2d(c.shape[0], c.shape[1], T, T), (T, T), al, A, B, be, c)
 
 
-def gemm_v3_regblock(L, trans_a, trans_b, alpha, a, b, beta, c):
+def _launch_blocked(L, make, trans_a, trans_b, alpha, a, b, beta, c):
     A, B, al, be = _prepare(L, trans_a, trans_b, alpha, a, b, beta, c)
     BM, BN, BK, TM, TN = L.config.regblock
     if c.size:
-        L.launch(
-            make_regblock(BM, BN, BK, TM, TN),
-            L.grid2d(c.shape[0], c.shape[1], BM, BN),
-            (BN // TN, BM // TM),
-            al,
-            A,
-            B,
-            be,
-            c,
-        )
+        # the kernels read a and b as stored (A.T undoes the view _prepare made), one build per
+        # pair of transposes, so each reads its operands along their contiguous axis
+        kernel = make(BM, BN, BK, TM, TN, bool(trans_a), bool(trans_b), beta == 0)
+        grid = L.grid2d(c.shape[0], c.shape[1], BM, BN)
+        L.launch(kernel, grid, (BN // TN, BM // TM), al, A.T if trans_a else A, B.T if trans_b else B, be, c)
+
+
+def gemm_v3_regblock(L, trans_a, trans_b, alpha, a, b, beta, c):
+    _launch_blocked(L, make_regblock, trans_a, trans_b, alpha, a, b, beta, c)
+
+
+def gemm_v4_double_buffered(L, trans_a, trans_b, alpha, a, b, beta, c):
+    _launch_blocked(L, make_double_buffered, trans_a, trans_b, alpha, a, b, beta, c)
 
 
 VERSIONS = {
@@ -215,6 +391,7 @@ VERSIONS = {
         "v1_naive": gemm_v1_naive,
         "v2_tiled": gemm_v2_tiled,
         "v3_regblock": gemm_v3_regblock,
+        "v4_double_buffered": gemm_v4_double_buffered,
     }
 }
 DEFAULTS = {"gemm": "cublas"}

@@ -1,0 +1,283 @@
+"""The GPU GEMM ladder (kernels/cuda/gemm.py): every rung correct in numba's simulator on shapes
+that are not multiples of any tile, and the code-generation properties that make each rung
+faster than the one below it, checked on the PTX (no GPU needed).
+
+Correctness: random matrices (never the identity, which hides a swapped index), every
+transpose pair, alpha/beta with beta == 0 meaning "C is not read" (C starts as NaN there).  The
+register-blocked rungs also run with the tile sizes a GPU launches (128 x 128 blocks of 8 x 8
+per thread), so the configuration that will be timed is the one proven here.
+
+Code generation (a fresh process on numba's real CUDA target compiles the kernels to PTX and
+``ptxas`` assembles them for sm_80, as tests/test_cuda_ptx.py does; skipped, saying why, where
+there is no NVVM): no local-memory traffic (accumulators in registers), at most 128 registers
+(two 256-thread blocks per SM), the inner loop's FMA : shared-load ratio TM*TN : (TM + TN) with
+the shared loads' offsets folded into the instruction, and v4's single barrier per K-slice with
+the next slice's global loads issued before this slice's FMAs.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from kernel_check import assert_close, sum_tol
+
+from minicaffe import backend as _backend
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNGS = ["v1_naive", "v2_tiled", "v3_regblock", "v4_double_buffered"]
+BLOCKED = ["v3_regblock", "v4_double_buffered"]
+
+
+@pytest.fixture(scope="module")
+def sim():
+    reason = _backend.why_not("cudasim")
+    if reason is not None:
+        pytest.skip(f"cudasim: {reason}")
+    _backend.get("cudasim")
+    from kernels.cuda import _launch
+
+    return _launch
+
+
+def launcher(_launch, **config):
+    import dataclasses
+
+    return _launch.Launcher(simulator=True, config=dataclasses.replace(_launch.SIM_WIDE_CONFIG, **config))
+
+
+def check_product(L, version, M, K, N, ta, tb, alpha, beta, seed):
+    from kernels.cuda import gemm
+    from kernels.gemm import gemm_reference
+
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    if beta == 0:
+        c0[...] = np.nan  # must not be read
+    ref = gemm_reference(ta, tb, alpha, a, b, beta, c0)
+    mag = gemm_reference(ta, tb, abs(alpha), np.abs(a), np.abs(b), abs(beta), np.abs(np.nan_to_num(c0)))
+    c = L.xp.array(c0, copy=True)
+    gemm.VERSIONS["gemm"][version](L, ta, tb, alpha, L.xp.array(a, copy=True), L.xp.array(b, copy=True), beta, c)
+    assert_close(
+        c.get(),
+        ref,
+        sum_tol(np.float32, K + 1, mag),
+        kernel="gemm",
+        version=version,
+        shape=f"M,K,N={M, K, N} trans={ta, tb} alpha,beta={alpha, beta} tiles={L.config.regblock}",
+    )
+
+
+TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
+ALPHA_BETA = [(1.0, 0.0), (0.5, 0.25), (-1.5, 0.0), (2.0, -1.0)]  # one per transpose pair
+
+
+@pytest.mark.parametrize("version", RUNGS)
+def test_rungs_on_odd_shapes(sim, version):
+    """1x1x1 and 17x9x33 (M, K, N) with the simulator's small tiles (8 x 8 blocks, 2 x 2 per
+    thread, a 3 x 3 grid that strides): every transpose pair, each with its own alpha/beta."""
+    L = launcher(sim)
+    for M, K, N in ((1, 1, 1), (17, 9, 33)):
+        for (ta, tb), (alpha, beta) in zip(TRANSPOSES, ALPHA_BETA):
+            check_product(L, version, M, K, N, ta, tb, alpha, beta, seed=M + 7 * N)
+
+
+@pytest.mark.parametrize("version,ta,tb", [("v3_regblock", False, True), ("v4_double_buffered", True, False)])
+def test_gpu_tiles_on_a_shape_no_tile_divides(sim, version, ta, tb):
+    """130 x 50 x 70 with the GPU's own tile sizes (128 x 128 x 8, 8 x 8 per thread: 256
+    threads), one block striding over the two row tiles: partial tiles in M, N and K at once."""
+    L = launcher(sim, regblock=sim.GPU_CONFIG.regblock, gemm_grid=1)
+    check_product(L, version, 130, 50, 70, ta, tb, 0.5, 0.25, seed=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", BLOCKED)
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+def test_gpu_tiles_every_transpose(sim, version, ta, tb):
+    L = launcher(sim, regblock=sim.GPU_CONFIG.regblock, gemm_grid=2)
+    for alpha, beta in ((1.0, 0.0), (0.5, 0.25)):
+        check_product(L, version, 130, 50, 70, ta, tb, alpha, beta, seed=11)
+
+
+def test_blocking_shapes_are_checked(sim):
+    from kernels.cuda import gemm
+
+    with pytest.raises(ValueError, match="powers of two"):
+        gemm.make_regblock(96, 128, 8, 8, 8)  # 96 is not a power of two
+    with pytest.raises(ValueError, match="dividing"):
+        gemm.make_double_buffered(128, 128, 8, 16, 16)  # 64 threads cannot load a 128-wide row
+
+
+def test_the_top_rung_is_selectable(sim):
+    import kernels.cuda as kc
+    from kernels.cuda import gemm
+
+    assert gemm.DEFAULTS["gemm"] == "cublas"
+    try:
+        kc.use("gemm", "v4_double_buffered")
+        assert gemm.gemm is gemm.VERSIONS["gemm"]["v4_double_buffered"]
+    finally:
+        kc.use("gemm", "default")
+    assert gemm.gemm is gemm.VERSIONS["gemm"]["cublas"]
+
+
+# -- what the compiler makes of the rungs (PTX; no GPU needed) ------------------------------------------------
+SCRIPT = r"""
+import json, os, shutil, subprocess, sys, tempfile
+import types as _types
+from numba import cuda, types as T
+# the device functions the kernels call are compiled "for the current device", which asks the
+# driver; with no GPU, say it is an sm_80 (as tests/test_cuda_ptx.py does)
+import numba.cuda.dispatcher as _disp
+_disp.get_current_device = lambda: _types.SimpleNamespace(compute_capability=(8, 0))
+from kernels.cuda import gemm, _launch
+
+f32 = T.float32
+C2 = T.Array(f32, 2, "C")
+BM, BN, BK, TM, TN = _launch.GPU_CONFIG.regblock
+builds = {
+    "v3.nn": gemm.make_regblock(BM, BN, BK, TM, TN, False, False, True),
+    "v3.tt.beta": gemm.make_regblock(BM, BN, BK, TM, TN, True, True, False),
+    "v4.nn": gemm.make_double_buffered(BM, BN, BK, TM, TN, False, False, True),
+    "v4.tn.beta": gemm.make_double_buffered(BM, BN, BK, TM, TN, True, False, False),
+}
+ptxas = shutil.which("ptxas")
+out = {}
+for name, k in builds.items():
+    ptx, _ = cuda.compile_ptx(k.py_func, (f32, C2, C2, f32, C2), cc=(8, 0))
+    rec = {"ptx": ptx}
+    if ptxas:
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "k.ptx")
+            open(p, "w").write(ptx)
+            r = subprocess.run([ptxas, "-arch=sm_80", "-v", p, "-o", os.path.join(d, "k.cubin")],
+                               capture_output=True, text=True)
+            rec["ptxas_rc"], rec["ptxas"] = r.returncode, r.stdout + r.stderr
+    out[name] = rec
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBA_ENABLE_CUDASIM"] = "0"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    probe = subprocess.run(
+        [sys.executable, "-c", "from numba.cuda.cudadrv import nvvm; nvvm.NVVM()"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    if probe.returncode != 0:
+        pytest.skip("numba finds no NVVM (a CUDA toolkit's libnvvm) here: " + probe.stderr.strip()[-200:])
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert r.returncode == 0, f"compiling the GEMM rungs to PTX failed:\n{r.stderr[-4000:]}"
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
+
+
+def inner_loop(ptx_text, fmas):
+    """The body of the loop that holds the outer products: the PTX from a label to the branch
+    back to it, holding at least ``fmas`` FMAs and no barrier."""
+    for m in re.finditer(r"^(\$L__BB\d+_\d+):", ptx_text, re.M):
+        label = m.group(1)
+        back = re.search(rf"\bbra(?:\.uni)?\s+{re.escape(label)};", ptx_text[m.end() :])
+        if not back:
+            continue
+        body = ptx_text[m.end() : m.end() + back.end()]
+        if "bar.sync" not in body and len(re.findall(r"\bfma\.rn\.f32\b", body)) >= fmas:
+            return body
+    return None
+
+
+def instructions(body):
+    return [ln.split()[0] for ln in body.splitlines() if re.match(r"\s+[@a-z]", ln)]
+
+
+def test_no_local_memory_and_float32_only(ptx):
+    for name, rec in ptx.items():
+        text = rec["ptx"]
+        assert not re.search(r"\b(?:ld|st)\.local\b", text), f"{name}: accumulators spilled to local memory"
+        assert not re.search(r"\b(?:fma|mul|add)(?:\.rn)?\.f64\b", text), f"{name}: float64 math in a float32 kernel"
+
+
+def test_registers_fit_two_blocks_per_sm(ptx):
+    if not shutil.which("ptxas"):
+        pytest.skip("no ptxas on PATH: register counts need it")
+    for name, rec in ptx.items():
+        assert rec["ptxas_rc"] == 0, (name, rec["ptxas"][-800:])
+        regs = int(re.search(r"Used (\d+) registers", rec["ptxas"]).group(1))
+        spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", rec["ptxas"])]
+        assert not any(spills), f"{name}: ptxas spills ({rec['ptxas'][-300:]})"
+        # 256 threads x 128 registers = half of an SM's 64K: two blocks resident, 16 warps
+        assert regs <= 128, f"{name}: {regs} registers, so only one 256-thread block per SM"
+
+
+def test_inner_loop_is_fmas_and_folded_shared_loads(ptx):
+    """Per k: TM + TN shared loads for TM * TN FMAs, the loads' offsets constant in the
+    instruction (``[%rd+64]``), and little else: the unsigned-index idiom at work.  Scalar
+    ``ld.shared.f32``, not ``.v4``: numba declares shared arrays 4-byte aligned, so the compiler
+    cannot merge four loads into one (the thread layout makes the scalar loads conflict-free)."""
+    from kernels.cuda import _launch
+
+    BM, BN, BK, TM, TN = _launch.GPU_CONFIG.regblock
+    for name, rec in ptx.items():
+        body = inner_loop(rec["ptx"], TM * TN)
+        assert body is not None, f"{name}: no loop of {TM * TN}+ FMAs without a barrier"
+        ops = instructions(body)
+        n_fma = sum(op == "fma.rn.f32" for op in ops)
+        n_lds = sum(op == "ld.shared.f32" for op in ops)
+        steps = n_fma // (TM * TN)  # k-steps in one pass of the loop (the compiler may unroll)
+        assert n_fma == steps * TM * TN and n_lds == steps * (TM + TN), (name, n_fma, n_lds)
+        folded = re.findall(r"ld\.shared\.f32\s+%f\d+,\s*\[%r[d]?\d+\+\d+\]", body)
+        assert len(folded) >= steps * (TM + TN - 2), f"{name}: shared-load offsets not folded ({len(folded)})"
+        # FMAs are most of the loop (64 of 97 here; the 64x64 / 4x4 version this ladder replaced
+        # had 16 of 66: 42 instructions of 64-bit index arithmetic per k)
+        assert n_fma >= 0.6 * len(ops), f"{name}: {n_fma} FMAs in a loop of {len(ops)} instructions"
+
+
+def test_double_buffering_structure(ptx):
+    """v3: two barriers per K-slice; v4: one, with the next slice's global loads issued before
+    the FMAs (in program order: the compiler is free to keep them early, not to sink them past
+    a barrier)."""
+    from kernels.cuda import _launch
+
+    TM, TN = _launch.GPU_CONFIG.regblock[3:]
+    for name, rec in ptx.items():
+        text = rec["ptx"]
+        body = inner_loop(text, TM * TN)
+        start = text.index(body)
+        slice_loop = None  # the innermost loop around the outer products that holds a barrier
+        for label in reversed(re.findall(r"^(\$L__BB\d+_\d+):", text[: start - 1], re.M)):
+            back = re.search(rf"\bbra(?:\.uni)?\s+{re.escape(label)};", text[start:])
+            if back and "bar.sync" in text[text.index(label + ":") : start + back.end()]:
+                slice_loop = text[text.index(label + ":") : start + back.end()]
+                break
+        assert slice_loop is not None, f"{name}: no K-slice loop found"
+        bars = slice_loop.count("bar.sync")
+        if name.startswith("v3"):
+            assert bars == 2, (name, bars)
+        else:
+            assert bars == 1, (name, bars)
+            first_fma = slice_loop.index("fma.rn.f32")
+            assert "ld.global" in slice_loop[:first_fma], f"{name}: the next slice is not fetched before the FMAs"
