@@ -1,13 +1,28 @@
-"""LeNet training step: minicaffe vs PyTorch (CPU), side by side, in one run.
+"""A training step of LeNet and CIFAR-10 quick: minicaffe's configurations vs PyTorch (CPU), in one run.
 
-    python benchmarks/lenet_vs_pytorch.py [--threads 1 2] [--steps 200] [--warmup 30] [--compile]
+    python benchmarks/lenet_vs_pytorch.py                      # both nets, every configuration, 3 rounds
+    python benchmarks/lenet_vs_pytorch.py --nets lenet --rounds 5 --steps 100 --json out.json
 
-The same net (Caffe's LeNet: conv 20 5x5, max pool, conv 50 5x5, max pool, ip 500, ReLU, ip 10,
-softmax loss), the same solver (SGD, momentum 0.9, weight decay 5e-4, lr policy inv), batch 64 of
-real MNIST (scaled by 1/256), the same number of threads. Each framework runs in its own fresh
-subprocess (so thread settings apply from the start and peak memory is its own): it warms up, then
-times ``--steps`` full training steps (forward, backward, update), and reports the median step
-time, the spread, and its peak resident memory (VmHWM). The table gives minicaffe / PyTorch.
+The same nets (Caffe's LeNet: conv 20 5x5, max pool, conv 50 5x5, max pool, ip 500, ReLU, ip 10,
+softmax loss, batch 64 of real MNIST scaled by 1/256; Caffe's CIFAR-10 quick: three 5x5 convs of
+32, 32, 64 with max and average pooling (Caffe's ceil rounding), ip 64, ip 10, batch 100 of
+synthetic 3x32x32 images) and the same solver (SGD with momentum and weight decay, Caffe's lr
+policy) in every framework.  Each configuration runs in a fresh subprocess of its own (thread
+settings apply from the start, peak memory is its own): it warms up past compilation (numba's,
+torch.compile's), then times ``--steps`` full training steps (forward, backward, update) and
+reports the median step.  The configurations run in ``--rounds`` interleaved rounds (a, b, c, a,
+b, c, ...), so a slow minute on a shared machine hits all of them; the table gives the median over
+rounds of each configuration's median step, its ratio to torch.compile with 2 threads, and its peak
+resident memory (VmHWM).  The load average is printed before and after.
+
+Configurations (T = the machine's cores, 2 on the machine of docs/CPU_SPEED.md):
+  minicaffe 1 thread          the Solver, one lane, OpenBLAS 1 thread
+  minicaffe BLAS xT           the Solver, one lane, OpenBLAS T threads (Caffe's way)
+  minicaffe lanes xT          the Solver, each conv/ip/pool call split over T lanes, BLAS 1
+                              thread per lane (what ``python -m minicaffe.train`` does)
+  minicaffe --workers T       SingleCaffe: T worker threads + the server thread, BLAS 1 thread
+  torch eager 1 / T threads   PyTorch, ``torch.set_num_threads``
+  torch.compile T threads     the model compiled once (inductor, C++ on the CPU)
 
 PyTorch is a benchmark-only dependency: ``pip install -e ".[bench]"`` (torch==2.13.0, CPU build).
 """
@@ -22,6 +37,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+SOLVERS = {"lenet": "lenet_solver.prototxt", "cifar10_quick": "cifar10_quick_solver.prototxt"}
+BATCH = {"lenet": 64, "cifar10_quick": 100}
 
 
 def peak_rss_mib():
@@ -33,38 +50,60 @@ def peak_rss_mib():
 
 
 def mnist_batches(batch, steps):
+    import numpy as np
+
     from minicaffe.data import load_mnist
 
     images, labels = load_mnist()["train"]
-    n = batch * steps
-    idx = __import__("numpy").arange(n) % len(images)
+    idx = np.arange(batch * steps) % len(images)
     return images[idx], labels[idx]
 
 
-def run_minicaffe(steps, warmup):
+# -- minicaffe ---------------------------------------------------------------------------------------
+def minicaffe_solver(net):
     import minicaffe as caffe
+    from minicaffe import proto
+    from minicaffe.parallel import with_synthetic_data
+    from minicaffe.solvers import get_solver, load_solver_param
 
     caffe.set_random_seed(1)
-    solver = caffe.get_solver(os.path.join(ROOT, "nets", "lenet_solver.prototxt"), log=lambda m: None)
-    solver.param.test_interval = 0
-    solver.param.display = 0
-    solver.param.snapshot = 0
+    param, base = load_solver_param(os.path.join(ROOT, "nets", SOLVERS[net]))
+    if net != "lenet":  # LeNet reads real MNIST; CIFAR-10 is not downloaded here: same shapes, synthetic
+        netp = proto.parse_file(os.path.join(ROOT, "nets", param.net), "NetParameter")
+        param.clear("net")
+        param.net_param = with_synthetic_data(netp, count=2000)
+    for f in ("test_iter", "test_interval"):
+        param.clear(f)
+    param.display = 0
+    param.snapshot = 0
+    param.snapshot_after_train = False
+    return get_solver(param, base_dir=os.path.join(ROOT, "nets"), log=lambda m: None)
+
+
+def run_minicaffe(net, cfg, steps, warmup):
+    from minicaffe.parallel import ParallelTrainer, blas, lanes
+
+    solver = minicaffe_solver(net)
+    lanes.set_count(cfg.get("lanes", 1))
+    blas.set_threads(cfg.get("blas", 1))
+    if cfg.get("workers"):
+        trainer = ParallelTrainer(solver, cfg["workers"], blas_threads=cfg.get("blas", 1))
+        step = trainer.step
+    else:
+        step = solver.step
+    step(warmup)
     times = []
-    for i in range(warmup + steps):
+    for _ in range(steps):
         t = time.perf_counter()
-        solver.step(1)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
+        step(1)
+        times.append(time.perf_counter() - t)
     return times, float(solver.smoothed_loss)
 
 
-def run_torch(steps, warmup, compile_=False):
-    import numpy as np
-    import torch
+# -- PyTorch -------------------------------------------------------------------------------------------
+def torch_model(net):
     import torch.nn as nn
     import torch.nn.functional as F
-
-    torch.manual_seed(1)
 
     class LeNet(nn.Module):
         def __init__(self):
@@ -80,80 +119,118 @@ def run_torch(steps, warmup, compile_=False):
             x = F.relu(self.ip1(x.flatten(1)))
             return self.ip2(x)
 
-    model = LeNet()
-    step_model = torch.compile(model) if compile_ else model
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: (1 + 1e-4 * it) ** -0.75)
-    images, labels = mnist_batches(64, warmup + steps)
-    x_all = torch.from_numpy(images.astype(np.float32) / 256.0)
-    y_all = torch.from_numpy(labels.astype(np.int64))
-    times = []
-    loss = None
+    class CifarQuick(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 32, 5, padding=2)
+            self.conv2 = nn.Conv2d(32, 32, 5, padding=2)
+            self.conv3 = nn.Conv2d(32, 64, 5, padding=2)
+            self.ip1 = nn.Linear(64 * 4 * 4, 64)
+            self.ip2 = nn.Linear(64, 10)
+
+        def forward(self, x):
+            x = F.relu(F.max_pool2d(self.conv1(x), 3, 2, ceil_mode=True))
+            x = F.avg_pool2d(F.relu(self.conv2(x)), 3, 2, ceil_mode=True)
+            x = F.avg_pool2d(F.relu(self.conv3(x)), 3, 2, ceil_mode=True)
+            return self.ip2(self.ip1(x.flatten(1)))
+
+    return LeNet() if net == "lenet" else CifarQuick()
+
+
+def run_torch(net, cfg, steps, warmup):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(cfg["threads"])
+    torch.manual_seed(1)
+    model = torch_model(net)
+    step_model = torch.compile(model) if cfg.get("compile") else model
+    b = BATCH[net]
+    if net == "lenet":
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: (1 + 1e-4 * it) ** -0.75)
+        images, labels = mnist_batches(b, warmup + steps)
+        x_all = torch.from_numpy(images.astype(np.float32) / 256.0)
+        y_all = torch.from_numpy(labels.astype(np.int64))
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9, weight_decay=4e-3)
+        sched = None
+        g = np.random.default_rng(1)
+        n = 20 * b
+        x_all = torch.from_numpy(g.standard_normal((n, 3, 32, 32)).astype(np.float32))
+        y_all = torch.from_numpy(g.integers(0, 10, n).astype(np.int64))
+    times, loss = [], None
     for i in range(warmup + steps):
         t = time.perf_counter()
-        x, y = x_all[64 * i : 64 * (i + 1)], y_all[64 * i : 64 * (i + 1)]
+        j = (i * b) % len(x_all)
+        x, y = x_all[j : j + b], y_all[j : j + b]
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(step_model(x), y)
         loss.backward()
         opt.step()
-        sched.step()
+        if sched is not None:
+            sched.step()
         if i >= warmup:
             times.append(time.perf_counter() - t)
     return times, float(loss)
 
 
-def child(args):
-    if args.framework == "minicaffe":
-        times, loss = run_minicaffe(args.steps, args.warmup)
+# -- the driver ------------------------------------------------------------------------------------------
+def configurations(cores):
+    t = cores
+    return [
+        ("minicaffe 1 thread", {"fw": "minicaffe", "lanes": 1, "blas": 1}),
+        (f"minicaffe BLAS x{t}", {"fw": "minicaffe", "lanes": 1, "blas": t}),
+        (f"minicaffe lanes x{t}", {"fw": "minicaffe", "lanes": t, "blas": 1}),
+        (f"minicaffe --workers {t}", {"fw": "minicaffe", "workers": t, "blas": 1}),
+        ("torch eager 1 thread", {"fw": "torch", "threads": 1}),
+        (f"torch eager {t} threads", {"fw": "torch", "threads": t}),
+        (f"torch.compile {t} threads", {"fw": "torch", "threads": t, "compile": True}),
+    ]
+
+
+def child(net, cfg, steps, warmup):
+    if cfg["fw"] == "minicaffe":
+        times, loss = run_minicaffe(net, cfg, steps, warmup)
     else:
-        times, loss = run_torch(args.steps, args.warmup, args.framework == "torch.compile")
+        times, loss = run_torch(net, cfg, steps, warmup)
     print(json.dumps({"times": times, "loss": loss, "peak_mib": peak_rss_mib()}))
 
 
-def spawn(framework, threads, steps, warmup):
+def spawn(net, cfg, steps, warmup):
+    threads = cfg.get("threads") or cfg.get("blas", 1)
     env = dict(
         os.environ,
         OMP_NUM_THREADS=str(threads),
         OPENBLAS_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
-        NUMBA_NUM_THREADS=str(threads),
+        PYTHONPATH=ROOT,
     )
-    if framework.startswith("torch"):
-        env["TORCH_NUM_THREADS"] = str(threads)
-    code = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        framework,
-        "--steps",
-        str(steps),
-        "--warmup",
-        str(warmup),
-        "--threads",
-        str(threads),
-    ]
+    code = [sys.executable, os.path.abspath(__file__), "--child", json.dumps([net, cfg, steps, warmup])]
     out = subprocess.run(code, env=env, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
-        raise SystemExit(f"{framework} with {threads} thread(s) failed:\n{out.stderr[-3000:]}")
+        raise SystemExit(f"{net} {cfg} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return f.read().split()[0]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--compile", action="store_true", help="also time torch.compile")
+    p.add_argument("--nets", nargs="+", default=list(SOLVERS), choices=list(SOLVERS))
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
+    p.add_argument("--steps", type=int, default=60, help="timed steps per configuration and round")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--only", nargs="+", help="configurations whose label starts with any of these")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        args.framework = args.child
-        if args.framework.startswith("torch"):
-            import torch
-
-            torch.set_num_threads(args.threads[0])
-        return child(args)
+        return child(*json.loads(args.child))
     import numba
     import numpy
 
@@ -163,35 +240,46 @@ def main():
         torch_version = torch.__version__
     except ImportError:
         raise SystemExit("PyTorch is not installed: pip install -e '.[bench]' (torch==2.13.0, CPU build)") from None
+    sys.path.insert(0, ROOT)
+    from minicaffe.parallel import blas
+
+    cores = blas.cores()
+    with open("/proc/cpuinfo") as f:
+        model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
     print(
-        f"LeNet training step, batch 64, real MNIST; {args.warmup} warm-up + {args.steps} timed steps; "
-        f"numpy {numpy.__version__}, numba {numba.__version__}, torch {torch_version}, {os.cpu_count()} cpus"
+        f"Training step: {args.rounds} interleaved rounds x ({args.warmup} warm-up + {args.steps} timed steps) per "
+        f"configuration; {model}, {cores} cores; numpy {numpy.__version__}, numba {numba.__version__}, "
+        f"torch {torch_version}; load {load()} at the start"
     )
-    frameworks = ["minicaffe", "torch"] + (["torch.compile"] if args.compile else [])
+    cfgs = [c for c in configurations(cores) if not args.only or any(c[0].startswith(o) for o in args.only)]
     results = []
-    print(f"{'framework':<14} {'threads':>7} {'median ms':>10} {'p10-p90 ms':>14} {'peak MiB':>9} {'vs torch':>9}")
-    for threads in args.threads:
-        row = {}
-        for fw in frameworks:
-            r = spawn(fw, threads, args.steps, args.warmup)
-            ts = sorted(r["times"])
-            r.update(
-                framework=fw,
-                threads=threads,
-                median_ms=1000 * statistics.median(ts),
-                p10_ms=1000 * ts[len(ts) // 10],
-                p90_ms=1000 * ts[(9 * len(ts)) // 10],
-            )
-            row[fw] = r
-            results.append({k: v for k, v in r.items() if k != "times"})
-        for fw in frameworks:
-            r = row[fw]
-            ratio = r["median_ms"] / row["torch"]["median_ms"]
-            print(
-                f"{fw:<14} {threads:>7} {r['median_ms']:>10.2f} {r['p10_ms']:>6.2f}-{r['p90_ms']:<7.2f} "
-                f"{r['peak_mib']:>9.0f} {ratio:>8.2f}x"
-            )
-    print("vs torch = median step time / PyTorch eager's at the same thread count (< 1: minicaffe faster)")
+    for net in args.nets:
+        runs = {label: [] for label, _ in cfgs}
+        for _ in range(args.rounds):
+            for label, cfg in cfgs:
+                runs[label].append(spawn(net, cfg, args.steps, args.warmup))
+        rows = {}
+        for label, _ in cfgs:
+            meds = [1000 * statistics.median(r["times"]) for r in runs[label]]
+            rows[label] = {
+                "net": net,
+                "configuration": label,
+                "median_ms": statistics.median(meds),
+                "round_medians_ms": meds,
+                "peak_mib": max(r["peak_mib"] for r in runs[label]),
+                "loss": runs[label][-1]["loss"],
+            }
+        base = rows.get(f"torch.compile {cores} threads")
+        print(f"\n{net}, batch {BATCH[net]}")
+        print(f"| configuration | step ms (median) | rounds' medians ms | x torch.compile {cores} threads | peak MiB |")
+        print("|---|---|---|---|---|")
+        for label, _ in cfgs:
+            r = rows[label]
+            ratio = f"{r['median_ms'] / base['median_ms']:.2f}" if base else "-"
+            spread = ", ".join(f"{m:.1f}" for m in r["round_medians_ms"])
+            print(f"| {label} | {r['median_ms']:.2f} | {spread} | {ratio} | {r['peak_mib']:.0f} |")
+            results.append(r)
+    print(f"\nload {load()} at the end")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -121,11 +121,17 @@ def _relu_fwd_range(x, s, y, lo, hi):
 
 @njit(nogil=True, cache=True, inline="always")
 def _relu_bwd_range(x, dy, s, dx, lo, hi):
+    """The factor as two compares (a NaN input passes neither: factor 0, as Caffe's formula):
+    selects, no branch, so the loop stays fast when it cannot be vectorized -- in place
+    (dx is dy, ReLU's usual form) LLVM's overlap check fails, and a branch on the sign of
+    random data cost 55 us per 32k values instead of 4 (LeNet's relu1)."""
     one = dx.dtype.type(1)
     zero = dx.dtype.type(0)
     for i in range(lo, hi):
         v = x[i]
-        dx[i] = dy[i] * (one if v > 0 else (s if v <= 0 else zero))
+        pos = one if v > 0 else zero
+        neg = s if v <= 0 else zero
+        dx[i] = dy[i] * (pos + neg)
 
 
 @njit(nogil=True, cache=True, inline="always")

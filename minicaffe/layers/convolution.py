@@ -40,6 +40,7 @@ calls).  No bottom diff is computed where the Net says none is needed (the first
 """
 
 from ..layer import Layer, Scratch, register
+from ..parallel import lanes
 from ._common import fill_blob, grouped_gemm, has, shape_str, spatial_geometry
 
 #: most elements a column buffer may hold before the batch is split into chunks of images
@@ -50,7 +51,7 @@ class _Scratch:
     """A flat array kept across calls; ``get(shape)`` returns a view, growing only when needed."""
 
     def __init__(self, xp, dtype):
-        self.xp, self.dtype, self.buf = xp, dtype, None
+        self.xp, self.dtype, self.buf, self.block = xp, dtype, None, 0
 
     def get(self, *shape):
         n = 1
@@ -59,6 +60,19 @@ class _Scratch:
         if self.buf is None or self.buf.size < n:
             self.buf = self.xp.empty(n, dtype=self.dtype)
         return self.buf[:n].reshape(shape)
+
+    def reserve(self, parts, block):
+        """Room for ``parts`` blocks of ``block`` elements, one per lane (see ``part``)."""
+        self.block = block
+        if self.buf is None or self.buf.size < parts * block:
+            self.buf = self.xp.empty(parts * block, dtype=self.dtype)
+
+    def part(self, k, *shape):
+        """Block k of the last ``reserve``, viewed as ``shape``: lane k's buffer."""
+        n = 1
+        for d in shape:
+            n *= d
+        return self.buf[k * self.block : k * self.block + n].reshape(shape)
 
     def attach(self, flat):
         """Use ``flat`` (a placed slice of an arena) as the buffer."""
@@ -73,11 +87,13 @@ class _ConvBase(Layer):
     backward_reads = "bottom"  # dW = dy (x)^T needs x; dx = W^T dy needs no data
 
     def scratch(self):
-        """im2col's columns (kept for backward unless ``recompute``) and the GEMM output."""
+        """im2col's columns (kept for backward unless ``recompute``), the GEMM output, and the
+        lanes' partial parameter gradients (one block per lane after the first)."""
         out = []
         for name, buf, span in (
             ("col", self._col, "call" if self.recompute else "layer"),
             ("out", self._out, self.out_span),
+            ("dparams", self._dparams, "call"),
         ):
             if buf.buf is not None:
                 out.append(Scratch(name, buf.buf, buf.attach, span))
@@ -121,6 +137,7 @@ class _ConvBase(Layer):
         self.param_propagate_down = [True] * len(self.blobs)
         self._col = _Scratch(self.xp, self.dtype)
         self._out = _Scratch(self.xp, self.dtype)
+        self._dparams = _Scratch(self.xp, self.dtype)
         self._col_key = None
 
     def check_bottoms(self, bottom):
@@ -173,9 +190,9 @@ class Convolution(_ConvBase):
             t.reshape(n, self.num_output, oh, ow)
         self._col_key = None
 
-    # -- the GEMMs, on one chunk of images ------------------------------------------------------
-    def _forward_chunk(self, x, y):
-        """x (n, C, H, W) -> y (n, M, OH, OW); leaves im2col(x) in the column buffer."""
+    # -- the GEMMs, on one chunk of images (one lane's share of a round) ----------------------------
+    def _forward_chunk(self, lane, x, y):
+        """x (n, C, H, W) -> y (n, M, OH, OW); leaves im2col(x) in the lane's column buffer."""
         be, G = self.backend, self.group
         n = x.shape[0]
         M = self.num_output
@@ -184,11 +201,11 @@ class Convolution(_ConvBase):
         if self._pointwise and n == 1:
             col = x.reshape(G * K, P)  # a 1x1 conv of one image: the image is col
         else:
-            col = self._col.get(G * K, P)
+            col = self._col.part(lane, G * K, P)
             self.im2col(x, col, self.out_h, self.out_w)
         w = self.blobs[0].dev_data.reshape(M, K)
         # With one image, (M, OH*OW) is already the top's layout: GEMM straight into it.
-        out = y.reshape(M, P) if n == 1 else self._out.get(M, P)
+        out = y.reshape(M, P) if n == 1 else self._out.part(lane, M, P)
         grouped_gemm(be, G, False, False, w, col, 0.0, out)
         y3 = y.reshape(n, M, -1)
         if n == 1:
@@ -199,66 +216,103 @@ class Convolution(_ConvBase):
         else:
             y3[...] = out.reshape(M, n, -1).transpose(1, 0, 2)
 
-    def _backward_chunk(self, key, x, dy, dx):
+    def _backward_chunk(self, lane, reuse, x, dy, dx):
+        """Lane 0 accumulates dW and db into the parameter diffs; lane k > 0 writes its own
+        partial sums into ``_dparams`` slot k-1 (summed in lane order by ``backward``)."""
         be, G = self.backend, self.group
         n = x.shape[0]
         M = self.num_output
         K = self.channels // G * self.kh * self.kw
         P = n * self.out_h * self.out_w
-        col = x.reshape(G * K, P) if self._pointwise and n == 1 else self._col.get(G * K, P)
+        col = x.reshape(G * K, P) if self._pointwise and n == 1 else self._col.part(lane, G * K, P)
         if n == 1:
             dout = dy.reshape(M, P)
         else:
-            dout = self._out.get(M, P)
+            dout = self._out.part(lane, M, P)
             dout.reshape(M, n, -1)[...] = dy.reshape(n, M, -1).transpose(1, 0, 2)
+        if lane:
+            part = self._dparams.part(lane - 1, M * K + M)
+            dw, db, beta = part[: M * K].reshape(M, K), part[M * K :], 0.0
+        else:
+            dw, db, beta = self.blobs[0].dev_diff.reshape(M, K), None, 1.0
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].dev_diff[...] += dout.sum(axis=1)
+            if lane:
+                db[...] = dout.sum(axis=1)
+            else:
+                self.blobs[1].dev_diff[...] += dout.sum(axis=1)
         if self.param_propagate_down[0]:
-            if self._col_key != key and not (self._pointwise and n == 1):
+            if not reuse and not (self._pointwise and n == 1):
                 self.im2col(x, col, self.out_h, self.out_w)  # forward's columns are gone
-                self._col_key = key
-            dw = self.blobs[0].dev_diff.reshape(M, K)
-            grouped_gemm(be, G, False, True, dout, col, 1.0, dw)
+            grouped_gemm(be, G, False, True, dout, col, beta, dw)
         if dx is not None:
             # d(col) = w^T @ dout goes into the column buffer, then col2im sums it into dx.
             w = self.blobs[0].dev_data.reshape(M, K)
             if self._pointwise and n == 1:
                 col = dx.reshape(G * K, P)  # d(col) is dx itself: the GEMMs write it
             grouped_gemm(be, G, True, False, w, dout, 0.0, col)
-            self._col_key = None
             if not (self._pointwise and n == 1):
                 be.col2im(col, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, dx)
 
     # -- the contract ---------------------------------------------------------------------------
-    def _step(self, n):
-        return self.chunk(n, self.channels * self.kh * self.kw * self.out_h * self.out_w)
+    def _rounds(self, n):
+        """[(start, [(a, b) per lane])]: the batch in rounds of up to ``lanes.count()`` chunks
+        run at once, each chunk small enough that the round's column buffers fit COL_LIMIT."""
+        nl = lanes.count()
+        per_image = self.channels * self.kh * self.kw * self.out_h * self.out_w
+        per = max(1, min(-(-n // nl), COL_LIMIT // max(1, per_image * nl)))
+        size = per * nl
+        return [(s, [(a, min(a + per, n)) for a in range(s, min(s + size, n), per)]) for s in range(0, n, size)]
+
+    def _reserve(self, parts):
+        """Size the buffers for a round before its lanes start (they only take views)."""
+        G, M = self.group, self.num_output
+        K = self.channels // G * self.kh * self.kw
+        P = max(b - a for a, b in parts) * self.out_h * self.out_w
+        self._col.reserve(len(parts), G * K * P)
+        self._out.reserve(len(parts), M * P)
+        if len(parts) > 1:
+            self._dparams.reserve(len(parts) - 1, M * K + M)
 
     def forward(self, bottom, top):
         for i, (b, t) in enumerate(zip(bottom, top)):
-            n = b.shape[0]
-            step = self._step(n)
             x, y = b.dev_data, t.dev_data
-            for s in range(0, n, step):
-                self._forward_chunk(x[s : s + step], y[s : s + step])
-                self._col_key = (i, s)  # the column buffer holds im2col of this chunk
+            for s, parts in self._rounds(b.shape[0]):
+                self._reserve(parts)
+                lanes.run([self._lane(self._forward_chunk, k, x[a:z], y[a:z]) for k, (a, z) in enumerate(parts)])
+                self._col_key = (i, s)  # the column buffers hold im2col of this round
         if self.recompute:
             self._col_key = None  # backward runs im2col again (Caffe's behaviour)
 
+    @staticmethod
+    def _lane(fn, *args):
+        return lambda: fn(*args)
+
     def backward(self, top, propagate_down, bottom):
         need_params = any(self.param_propagate_down)
+        M = self.num_output
+        MK = M * (self.channels // self.group) * self.kh * self.kw
         for i, (b, t) in enumerate(zip(bottom, top)):
             if not (need_params or propagate_down[i]):
                 continue
-            n = b.shape[0]
-            step = self._step(n)
             x, dy = b.dev_data, t.dev_diff
             dx = b.dev_diff if propagate_down[i] else None
-            # Visit the chunk forward left in the buffer first, so its im2col is not redone.
-            starts = list(range(0, n, step))
-            if self._col_key is not None and self._col_key[0] == i and self._col_key[1] in starts:
-                starts.remove(self._col_key[1])
-                starts.insert(0, self._col_key[1])
-            for s in starts:
-                self._backward_chunk(
-                    (i, s), x[s : s + step], dy[s : s + step], None if dx is None else dx[s : s + step]
+            # Visit the round forward left in the buffers first, so its im2col is not redone.
+            rounds = self._rounds(b.shape[0])
+            if self._col_key is not None and self._col_key[0] == i:
+                rounds.sort(key=lambda r: r[0] != self._col_key[1])
+            for s, parts in rounds:
+                reuse = self._col_key == (i, s)
+                self._reserve(parts)
+                lanes.run(
+                    [
+                        self._lane(self._backward_chunk, k, reuse, x[a:z], dy[a:z], None if dx is None else dx[a:z])
+                        for k, (a, z) in enumerate(parts)
+                    ]
                 )
+                self._col_key = (i, s) if dx is None else None  # d(col) overwrote the columns
+                for k in range(1, len(parts)):  # the lanes' partial sums, in lane order
+                    part = self._dparams.part(k - 1, MK + M)
+                    if self.param_propagate_down[0]:
+                        self.blobs[0].dev_diff.reshape(-1)[...] += part[:MK]
+                    if self.bias_term and self.param_propagate_down[1]:
+                        self.blobs[1].dev_diff[...] += part[MK:]

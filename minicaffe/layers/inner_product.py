@@ -12,9 +12,13 @@ Backward::
     dW += dy^T x        (transpose: dW += x^T dy)      accumulates
     db += sum_M dy
     dx  = dy W          (transpose: dx = dy W^T)
+
+Each GEMM's output rows are split across the process's lanes (``minicaffe/parallel/lanes.py``;
+one lane unless set): rows of the batch for y and dx, rows of dW (outputs) for the weights.
 """
 
 from ..layer import Layer, register
+from ..parallel import lanes
 from ._common import axis_index, count, fill_blob, has, shape_str
 
 
@@ -58,7 +62,7 @@ class InnerProduct(Layer):
     def forward(self, bottom, top):
         x = bottom[0].dev_data.reshape(self.M, self.K)
         y = top[0].dev_data.reshape(self.M, self.num_output)
-        self.backend.gemm(False, not self.transpose, 1.0, x, self.blobs[0].dev_data, 0.0, y)
+        lanes.gemm(self.backend, False, not self.transpose, 1.0, x, self.blobs[0].dev_data, 0.0, y)
         if self.bias_term:
             y += self.blobs[1].dev_data
 
@@ -68,11 +72,11 @@ class InnerProduct(Layer):
         be = self.backend
         if self.param_propagate_down[0]:
             if self.transpose:
-                be.gemm(True, False, 1.0, x, dy, 1.0, self.blobs[0].dev_diff)
+                lanes.gemm(be, True, False, 1.0, x, dy, 1.0, self.blobs[0].dev_diff)
             else:
-                be.gemm(True, False, 1.0, dy, x, 1.0, self.blobs[0].dev_diff)
+                lanes.gemm(be, True, False, 1.0, dy, x, 1.0, self.blobs[0].dev_diff)
         if self.bias_term and self.param_propagate_down[1]:
             self.blobs[1].dev_diff[...] += dy.sum(axis=0)
         if propagate_down[0]:
             dx = bottom[0].dev_diff.reshape(self.M, self.K)
-            be.gemm(False, self.transpose, 1.0, dy, self.blobs[0].dev_data, 0.0, dx)
+            lanes.gemm(be, False, self.transpose, 1.0, dy, self.blobs[0].dev_data, 0.0, dx)

@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from ..layer import Layer, Scratch, register
+from ..parallel import lanes
 from ._common import has, hw_pair, shape_str
 
 
@@ -105,25 +106,32 @@ class Pooling(Layer):
             out -= 1  # the last window would start in the trailing padding (or past the image)
         return out
 
+    # Images are independent: the batch is split across the lanes (minicaffe/parallel/lanes.py).
     def forward(self, bottom, top):
         x, y = bottom[0].dev_data, top[0].dev_data
+        geo = (self.kh, self.kw, self.sh, self.sw, self.ph, self.pw)
         if self.method == "MAX":
             mask = self._mask[: top[0].count].reshape(top[0].shape)
-            self.backend.max_pool_fwd(x, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, y, mask)
+            lanes.batch(
+                x.shape[0], lambda a, b: self.backend.max_pool_fwd(x[a:b], *geo, y[a:b], mask[a:b]), bottom[0].count
+            )
             if len(top) > 1:
                 top[1].dev_data[...] = mask
         else:
-            self.backend.ave_pool_fwd(x, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, y)
+            lanes.batch(x.shape[0], lambda a, b: self.backend.ave_pool_fwd(x[a:b], *geo, y[a:b]), bottom[0].count)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         dy, dx = top[0].dev_diff, bottom[0].dev_diff
+        geo = (self.kh, self.kw, self.sh, self.sw, self.ph, self.pw)
         if self.method == "MAX":
             mask = self._mask[: top[0].count].reshape(top[0].shape)
-            self.backend.max_pool_bwd(dy, mask, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, dx)
+            lanes.batch(
+                dx.shape[0], lambda a, b: self.backend.max_pool_bwd(dy[a:b], mask[a:b], *geo, dx[a:b]), bottom[0].count
+            )
         else:
-            self.backend.ave_pool_bwd(dy, self.kh, self.kw, self.sh, self.sw, self.ph, self.pw, dx)
+            lanes.batch(dx.shape[0], lambda a, b: self.backend.ave_pool_bwd(dy[a:b], *geo, dx[a:b]), bottom[0].count)
 
 
 def _given(p, field):

@@ -6,11 +6,31 @@
     print(trainer.stats())                               # where the time went
 
 See runtime.py (the threads and the protocol), replica.py (how replicas and shards are built),
-blas.py (BLAS threads), and docs/PARALLEL.md (design, measurements).
+blas.py (BLAS threads), lanes.py (one layer call split across cores, which the layers import),
+and docs/PARALLEL.md (design, measurements).
+
+The runtime's names are loaded on first use (PEP 562): the layers import ``parallel.lanes``
+while the engine itself is still loading, and the runtime imports the engine.
 """
 
-from .replica import shard_bounds, shard_sizes, with_synthetic_data
-from .runtime import ParallelTrainer, WorkerError, WorkerTimeout, train_with_workers
+import importlib
+
+_LAZY = {
+    "ParallelTrainer": "runtime",
+    "WorkerError": "runtime",
+    "WorkerTimeout": "runtime",
+    "train_with_workers": "runtime",
+    "shard_sizes": "replica",
+    "shard_bounds": "replica",
+    "with_synthetic_data": "replica",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ParallelTrainer",

@@ -6,10 +6,19 @@
 Runs ``--warmup`` untimed forward-backward passes (past numba's compilation), then
 ``--iterations`` timed ones, and prints each layer's median forward and backward time, the
 forward, backward and total per iteration, and each layer's share.
+
+Each layer's time is set against its own floor, the time this machine needs at the least for
+the work the layer does (on the CPU): a Convolution or InnerProduct's multiply-adds at the
+SGEMM rate measured here (OpenBLAS, n=1024, one thread) times the lanes it splits over; any other
+layer's bytes (forward: its bottoms read and tops written; backward: its top diffs and the data
+its backward reads, its bottom diffs written) at the fastest stream rate measured here for that
+many bytes.  ``% roof`` = floor / time: 100% is the machine's limit for that layer.  Layers with
+no floor (data layers) show ``-``.
 """
 
 import argparse
 import statistics
+import sys
 import time
 
 from .common import run_net_tool
@@ -23,7 +32,92 @@ def build_parser():
     p.add_argument("--phase", choices=("TRAIN", "TEST"), default="TRAIN")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--data-dir", help="dataset cache directory")
+    p.add_argument(
+        "--lanes",
+        type=int,
+        default=1,
+        help="split Convolution and InnerProduct calls over this many cores (default 1; BLAS then runs 1 thread "
+        "per lane)",
+    )
+    p.add_argument("--no-roofline", action="store_true", help="do not measure the machine's ceilings")
     return p
+
+
+# -- each layer's floor ----------------------------------------------------------------------------
+GEMM_LAYERS = ("Convolution", "Deconvolution", "InnerProduct")
+NO_FLOOR = ("Data", "ImageData", "HDF5Data", "MemoryData", "WindowData", "DummyData", "Input", "Python")
+
+
+def _count(blobs):
+    return sum(b.count for b in blobs)
+
+
+def layer_work(net, i):
+    """(kind, forward work, backward work) of layer i: kind "flop" (multiply-adds x 2) for the
+    GEMM layers, "byte" for the others, None where there is no floor (data layers)."""
+    layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
+    need = net.bottom_need_backward[i]
+    params = [bool(p) for p in getattr(layer, "param_propagate_down", [])]
+    backward = net.layer_need_backward[i]
+    if layer.type in NO_FLOOR:
+        return None, 0.0, 0.0
+    if layer.type in GEMM_LAYERS:
+        if layer.type == "Deconvolution":  # each input value times its (M/G, kh, kw) weights
+            macs = 2.0 * _count(bottom) * layer.blobs[0].count / bottom[0].shape[1]
+        else:  # each output value: a dot product of one row of the weights
+            macs = 2.0 * _count(top) * layer.blobs[0].count / layer.num_output
+        bwd = 0.0
+        if backward:
+            bwd = macs * ((1 if params and params[0] else 0) + sum(1 for b in need if b) / max(1, len(need)))
+        return "flop", macs, bwd
+    item = (bottom[0] if bottom else top[0]).data.dtype.itemsize
+    fwd = item * (_count(b for b in bottom if all(b is not t for t in top)) + _count(top))
+    if not top:
+        fwd = item * _count(bottom)
+    bwd = 0.0
+    if backward and any(need):
+        reads = layer.backward_reads
+        bwd = item * (
+            _count(top)
+            + (_count(bottom) if reads in ("bottom", "both") else 0)
+            + (_count(top) if reads in ("top", "both") else 0)
+            + _count(b for b, n in zip(bottom, need) if n)
+        )
+    return "byte", fwd, bwd
+
+
+def floors(net, lanes_used):
+    """[(floor seconds forward, backward) or None] per layer, and a line naming the ceilings.
+    A GEMM layer's ceiling is the one-thread SGEMM rate times the cores it may use: its lanes
+    times the BLAS threads each lane's GEMMs run."""
+    from kernels.bench import sgemm_peak, stream_bandwidth
+
+    from ..parallel import blas
+
+    threads = blas.get_threads() or 1
+    blas.set_threads(1)
+    try:
+        gemm = sgemm_peak()
+    finally:
+        blas.set_threads(threads)
+    cores = min(blas.cores(), lanes_used * threads)
+    out = []
+    for i in range(len(net.layers)):
+        kind, f, b = layer_work(net, i)
+        if kind is None:
+            out.append(None)
+        elif kind == "flop":
+            rate = gemm * 1e9 * cores
+            out.append((f / rate, b / rate))
+        else:
+            out.append(tuple(x / (stream_bandwidth(x)[0] * 1e9) if x else 0.0 for x in (f, b)))
+    big = stream_bandwidth(64 << 20)[0]
+    line = (
+        f"Floors: GEMM layers at {gemm:.1f} GFLOP/s (SGEMM n=1024, 1 thread) x {cores} core(s) "
+        f"({lanes_used} lane(s) x {threads} BLAS thread(s)); "
+        f"others at the stream rate for their bytes ({big:.0f} GB/s from DRAM, more from cache)"
+    )
+    return out, line
 
 
 def time_layers(net, iterations, warmup=5):
@@ -62,18 +156,26 @@ def time_layers(net, iterations, warmup=5):
     return fwd, bwd, totals
 
 
-def report(net, fwd, bwd, totals, log):
+def report(net, fwd, bwd, totals, log, floor=None):
     med = statistics.median
     ms = lambda s: 1000 * s
     total_f = sum(med(f) for f in fwd)
     total_b = sum(med(b) for b in bwd)
     log("Average time per layer (median):")
     width = max(len(name) for name in net.layer_names)
-    for name, layer, f, b in zip(net.layer_names, net.layers, fwd, bwd):
+    for i, (name, layer, f, b) in enumerate(zip(net.layer_names, net.layers, fwd, bwd)):
         share = 100 * (med(f) + med(b)) / max(total_f + total_b, 1e-12)
+        roof = ""
+        if floor is not None:
+            fl = floor[i]
+            if fl is None:
+                roof = "  floor:        -  % roof:   -"
+            else:
+                pct = 100 * (fl[0] + fl[1]) / max(med(f) + med(b), 1e-12)
+                roof = f"  floor: {ms(fl[0] + fl[1]):8.3f} ms  % roof: {pct:3.0f}"
         log(
             f"  {name:>{width}} {layer.type:<16} forward: {ms(med(f)):8.3f} ms  backward: {ms(med(b)):8.3f} ms"
-            f"  ({share:4.1f}%)"
+            f"  ({share:4.1f}%){roof}"
         )
     log(f"Average Forward pass: {ms(total_f):.3f} ms.")
     log(f"Average Backward pass: {ms(total_b):.3f} ms.")
@@ -87,13 +189,31 @@ def report(net, fwd, bwd, totals, log):
 def main(argv=None):
     args = build_parser().parse_args(argv)
 
+    if args.lanes < 1:
+        print(f"error: --lanes must be >= 1, got {args.lanes}", file=sys.stderr)
+        return 1
+    from ..parallel import blas, lanes
+
+    saved = lanes.set_count(args.lanes), blas.get_threads()
+    if args.lanes > 1:
+        blas.set_threads(max(1, blas.cores() // args.lanes))
+
     def body(net, path, log):
         log(
             f"*** Benchmark begins *** {net.name} ({path}), {args.phase}, {args.warmup} warm-up + "
-            f"{args.iterations} timed iterations"
+            f"{args.iterations} timed iterations, {args.lanes} lane(s), BLAS threads {blas.get_threads()}"
         )
         fwd, bwd, totals = time_layers(net, args.iterations, args.warmup)
-        report(net, fwd, bwd, totals, log)
+        floor = None
+        if args.device == "cpu" and not args.no_roofline:
+            floor, line = floors(net, args.lanes)
+            log(line)
+        report(net, fwd, bwd, totals, log, floor)
         log("*** Benchmark ends ***")
 
-    return run_net_tool(args, body)
+    try:
+        return run_net_tool(args, body)
+    finally:
+        lanes.set_count(saved[0])
+        if saved[1]:
+            blas.set_threads(saved[1])

@@ -94,6 +94,12 @@ def build_parser():
         help="with --workers: a worker that takes longer than this for one iteration is hung; the run ends "
         "with a snapshot of the last consistent parameters (default 300; 0 = wait forever)",
     )
+    p.add_argument(
+        "--lanes",
+        type=int,
+        help="cores each Convolution / InnerProduct / Pooling call splits its batch over (default: the cores, "
+        "divided among --workers; 1 on a GPU or a distributed node); BLAS runs cores / lanes threads",
+    )
     p.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
     dist.add_arguments(p)  # --nodes, --rank, --rendezvous, --dist mpi, ... (minicaffe/dist/launch.py)
     return p
@@ -508,6 +514,33 @@ def test_cost_in_iterations(solver):
 
 
 # -- the run ---------------------------------------------------------------------------------------
+def blas_per_lane(workers, n_lanes):
+    from ..parallel import blas
+
+    return max(1, blas.cores() // (workers * n_lanes))
+
+
+def choose_lanes(args, device, log):
+    """Lanes (minicaffe/parallel/lanes.py) for this process: --lanes, else every core (shared
+    among the worker threads); 1 on a GPU and on a distributed node (its launcher divides the
+    cores).  BLAS then gets the cores left per lane, so threads never outnumber cores."""
+    from ..parallel import blas, lanes
+
+    if args.lanes is not None and args.lanes < 1:
+        raise MinicaffeError(f"--lanes must be >= 1, got {args.lanes}")
+    if args.lanes is not None:
+        n, why = args.lanes, "--lanes"
+    elif device != "cpu" or dist.is_node(args):
+        n, why = 1, "GPU" if device != "cpu" else "distributed node"
+    else:
+        n, why = max(1, blas.cores() // max(1, args.workers)), f"{blas.cores()} cores / {args.workers} worker(s)"
+    lanes.set_count(n)
+    if device == "cpu" and not dist.is_node(args) and args.workers == 1:
+        blas.set_threads(blas_per_lane(1, n))
+    log(f"Lanes: {n} ({why}); BLAS threads {blas.get_threads()}")
+    return n
+
+
 def run(args, argv=None):
     from ..solvers import get_solver, load_solver_param
 
@@ -563,6 +596,7 @@ def run(args, argv=None):
 
     param, base_dir = load_solver_param(solver_path)
     device = choose_device(args, param, solver_path, log)
+    n_lanes = choose_lanes(args, device, log)
     if args.iters is not None:
         param.max_iter = args.iters
     if args.seed is not None:
@@ -683,7 +717,13 @@ def run(args, argv=None):
             from ..parallel import train_with_workers
 
             timeout = {} if args.worker_timeout is None else {"worker_timeout": args.worker_timeout or None}
-            trainer = train_with_workers(solver, args.workers, staleness=args.staleness, **timeout)
+            trainer = train_with_workers(
+                solver,
+                args.workers,
+                staleness=args.staleness,
+                blas_threads=blas_per_lane(args.workers, n_lanes),
+                **timeout,
+            )
             st = trainer.stats()
             ms = lambda v: f"{1000 * v:.2f}"
             log(
@@ -755,8 +795,11 @@ def finish(record, out_dir, args, status, iteration, message, log):
 
 
 def main(argv=None):
+    from ..parallel import blas, lanes
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    saved = lanes.count(), blas.get_threads()  # run() sets both for its run; a caller's are restored
     try:
         if dist.is_launcher(args):  # --nodes N: N node processes on this machine
             return dist.launch_local(sys.argv[1:] if argv is None else list(argv), args)
@@ -769,3 +812,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("aborted", file=sys.stderr)
         return 130
+    finally:
+        lanes.set_count(saved[0])
+        if saved[1]:
+            blas.set_threads(saved[1])
