@@ -281,3 +281,56 @@ def test_double_buffering_structure(ptx):
             assert bars == 1, (name, bars)
             first_fma = slice_loop.index("fma.rn.f32")
             assert "ld.global" in slice_loop[:first_fma], f"{name}: the next slice is not fetched before the FMAs"
+
+
+# -- the GPU benchmark's GEMM part, driven in the simulator (its timing needs a GPU) ---------------------------
+SMALL_CASES = [("odd", 9, 11, 5, False, True), ("tiny", 3, 4, 2, True, False)]
+
+
+def test_benchmark_validates_each_case_and_flags_rates_above_the_ceiling(sim, capsys):
+    """The benchmark's GEMM loop with a stand-in clock: every version is run and validated on
+    each case's own inputs before its time is taken; a clock that reports impossible speed is
+    flagged against the memory ceiling, a plausible one is not."""
+    from kernels.cuda import bench
+
+    L = launcher(sim)
+    calls = []
+
+    def clock(seconds):
+        def timer(fn):
+            fn()
+            calls.append(fn)
+            return seconds
+
+        return timer
+
+    rows, flagged = bench.bench_gemm(L, clock(1e-3), 0, 1e12, lambda nbytes: 1000.0, shapes=SMALL_CASES)
+    assert flagged == 0 and len(rows) == len(SMALL_CASES) * 5 == len(calls)
+    assert {r["version"] for r in rows} == {"cublas", "v1_naive", "v2_tiled", "v3_regblock", "v4_double_buffered"}
+    rows, flagged = bench.bench_gemm(L, clock(1e-12), 0, 1e12, lambda nbytes: 1000.0, shapes=SMALL_CASES[1:])
+    assert flagged == 5, capsys.readouterr().out
+    assert "above their ceiling" in capsys.readouterr().out
+
+
+def test_benchmark_refuses_a_wrong_product(sim):
+    from kernels.cuda import bench
+
+    L = launcher(sim)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((9, 7)).astype(np.float32), rng.standard_normal((7, 5)).astype(np.float32)
+    ref = L.xp.asarray(a @ b)
+    bound = 9 * np.finfo(np.float32).eps * L.xp.asarray(np.abs(a) @ np.abs(b))
+    good = L.xp.asarray((a @ b).copy())
+    bench.gemm_case_check(L.xp, "good", None, None, good, ref, bound)
+    bad = (a @ b).copy()
+    bad[3, 2] += 1e-3  # one element off by far more than rounding
+    with pytest.raises(SystemExit, match="not timing a wrong kernel"):
+        bench.gemm_case_check(L.xp, "bad", None, None, L.xp.asarray(bad), ref, bound)
+
+
+def test_benchmark_without_a_gpu_says_why_and_exits_0(capsys):
+    from kernels.cuda import bench
+
+    assert bench.main(["--family", "gemm"]) == 0
+    out = capsys.readouterr().out
+    assert "no GPU benchmark here" in out

@@ -79,28 +79,119 @@ def check(ok, what):
         raise SystemExit(f"bench: {what} does not match its reference -- not timing a wrong kernel")
 
 
-def bench_gemm(L, timer, size):
-    cp = L.xp
-    from kernels.gemm import gemm_reference
+#: the GEMM cases: (name, M, N, K, trans_a, trans_b); the square one takes --size.  The LeNet and
+#: CIFAR-10 quick shapes are the CPU ladder's (kernels/gemm.py: batch 64, conv as W @ col over
+#: the whole batch, inner products as X @ W^T), so the two benchmarks compare like with like.
+GEMM_SHAPES = [
+    ("LeNet conv1 fwd  W@col", 20, 36864, 25, False, False),
+    ("LeNet conv2 fwd  W@col", 50, 4096, 500, False, False),
+    ("LeNet conv2 dW   dY@col^T", 50, 500, 4096, False, True),
+    ("LeNet conv2 dcol W^T@dY", 500, 4096, 50, True, False),
+    ("LeNet ip1 fwd    X@W^T", 64, 500, 800, False, True),
+    ("LeNet ip1 dW     dY^T@X", 500, 800, 64, True, False),
+    ("CIFAR conv1 fwd  W@col", 32, 102400, 75, False, False),
+    ("CIFAR conv2 fwd  W@col", 32, 25600, 800, False, False),
+    ("CIFAR conv3 fwd  W@col", 64, 6400, 800, False, False),
+]
 
+
+def fma_peak(L, timer):
+    """FP32 FLOP/s this GPU reaches on a kernel that does nothing but independent FMAs (8 chains
+    per thread, 64 FMAs per loop pass): the compute side of the GEMM ceilings, measured."""
+    from numba import cuda
+
+    one, tiny = np.float32(0.9999), np.float32(1e-7)  # float32 constants: Python floats would widen to f64
+
+    @cuda.jit
+    def burn(x, n):
+        i = cuda.grid(1)
+        v0 = x[i]
+        v1, v2, v3, v4, v5, v6, v7 = v0 + tiny, v0 - tiny, v0 * one, v0 + one, v0 - one, -v0, v0 * tiny
+        for _ in range(n):
+            for _ in range(8):
+                v0 = v0 * one + tiny
+                v1 = v1 * one + tiny
+                v2 = v2 * one + tiny
+                v3 = v3 * one + tiny
+                v4 = v4 * one + tiny
+                v5 = v5 * one + tiny
+                v6 = v6 * one + tiny
+                v7 = v7 * one + tiny
+        x[i] = v0 + v1 + v2 + v3 + v4 + v5 + v6 + v7
+
+    sms = L.xp.cuda.Device().attributes["MultiProcessorCount"]
+    blocks, threads, n = sms * 8, 256, 4096
+    x = L.xp.zeros(blocks * threads, np.float32)
+    t = timer(lambda: L.launch(burn, blocks, threads, x, n))
+    return 2.0 * 64 * n * blocks * threads / t
+
+
+def gemm_case_check(xp, version, a, b, c, ref, bound):
+    """A version's product against cuBLAS's on the case's own inputs: |c - ref| <= bound, with
+    bound = (K + 2) eps32 (|op(a)| @ |op(b)|) (the classical bound, twice over: both may err)."""
+    ok = (xp.abs(c - ref) <= 2 * bound).all()  # NaN (an element never written) fails too
+    check(bool(ok.get()), f"gemm {version} at this shape")
+
+
+def bench_gemm(L, timer, size, peak, copy_bw, shapes=None, versions=None):
+    """Every GEMM version on every case: validated against cuBLAS on the case's own inputs, then
+    timed.  ``peak``: FP32 FLOP/s from ``fma_peak``; ``copy_bw(nbytes)``: device copy GB/s at
+    that size.  A case's ceiling is the roofline at its own size: min(compute, memory), compute
+    = the larger of ``peak`` and cuBLAS on this shape (cuBLAS is proof the GPU can do it), memory
+    = its FLOPs over the time to move a, b and c once at the copy rate measured at the case's own
+    byte count.  A rate above its ceiling is flagged ``!``: a measurement error, not a result.
+    Returns the rows (dicts) and the number flagged."""
+    xp = L.xp
     from . import gemm
 
-    print(f"gemm  C = A @ B, float32, M = N = K = {size}  (GFLOP/s; ratio to cuBLAS)")
+    versions = versions or list(gemm.VERSIONS["gemm"])
+    shapes = shapes if shapes is not None else [(f"square {size}", size, size, size, False, False)] + GEMM_SHAPES
+    eps32 = float(np.finfo(np.float32).eps)
     rng = np.random.default_rng(0)
-    sa, sb = rng.standard_normal((67, 45)).astype(np.float32), rng.standard_normal((45, 71)).astype(np.float32)
-    ref = gemm_reference(False, False, 1.0, sa, sb, 0.0, None)
-    a = cp.asarray(rng.standard_normal((size, size), dtype=np.float32))
-    b = cp.asarray(rng.standard_normal((size, size), dtype=np.float32))
-    c = cp.empty((size, size), np.float32)
-    flops = 2.0 * size**3
-    base = None
-    for version, f in gemm.VERSIONS["gemm"].items():
-        sc = cp.zeros((67, 71), np.float32)
-        f(L, False, False, 1.0, cp.asarray(sa), cp.asarray(sb), 0.0, sc)
-        check(np.allclose(cp.asnumpy(sc), ref, rtol=1e-4, atol=1e-4), f"gemm {version}")
-        t = timer(lambda: f(L, False, False, 1.0, a, b, 0.0, c))
-        base = base or t
-        row("gemm", version, t, flops / t / 1e9, "GFLOP/s", base / t, "of cuBLAS")
+    print(
+        f"gemm  C = op(A) @ op(B), float32 (GFLOP/s; ratio to cuBLAS; share of the case's ceiling, "
+        f"! = above it: a measurement error).  FMA peak measured: {peak / 1e9:.0f} GFLOP/s"
+    )
+    rows, flagged = [], 0
+    for name, M, N, K, ta, tb in shapes:
+        a = xp.asarray(rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32))
+        b = xp.asarray(rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32))
+        A, B = (a.T if ta else a), (b.T if tb else b)
+        ref = xp.matmul(A, B)
+        bound = (K + 2) * eps32 * xp.matmul(xp.abs(A), xp.abs(B))
+        c = xp.empty((M, N), np.float32)
+        flops = 2.0 * M * N * K
+        nbytes = 4 * (M * K + K * N + M * N)
+        mem_ceiling = flops / (nbytes / (copy_bw(nbytes) * 1e9))
+        case_rows = []
+        for version in versions:
+            f = gemm.VERSIONS["gemm"][version]
+            c.fill(np.nan)
+            f(L, ta, tb, 1.0, a, b, 0.0, c)
+            gemm_case_check(xp, version, a, b, c, ref, bound)
+            t = timer(lambda f=f: f(L, ta, tb, 1.0, a, b, 0.0, c))
+            case_rows.append({"case": name, "version": version, "M": M, "N": N, "K": K, "seconds": t})
+        base = next((r["seconds"] for r in case_rows if r["version"] == "cublas"), None)
+        compute = max([peak] + ([flops / base] if base else []))
+        ceiling = min(compute, mem_ceiling)
+        print(
+            f"  {name}  M,N,K = {M},{N},{K}  trans = {ta},{tb}  ceiling {ceiling / 1e9:.0f} GFLOP/s "
+            f"({'memory' if mem_ceiling < compute else 'compute'})"
+        )
+        for r in case_rows:
+            rate = flops / r["seconds"]
+            flag = "!" if rate > ceiling * 1.02 else " "
+            flagged += flag == "!"
+            r.update(gflops=rate / 1e9, vs_cublas=(base / r["seconds"]) if base else None, of_ceiling=rate / ceiling)
+            vs = f"{r['vs_cublas']:6.2f}x of cuBLAS" if base else ""
+            print(
+                f"    {r['version']:<20} {r['seconds'] * 1e6:10.1f} us  {rate / 1e9:9.1f} GFLOP/s  {vs}  "
+                f"{r['of_ceiling']:5.0%} of ceiling {flag}"
+            )
+        rows += case_rows
+    if flagged:
+        print(f"! {flagged} rate(s) above their ceiling: measurement errors, not results; rerun")
+    return rows, flagged
 
 
 def bench_streams(L, timer, size, families):
@@ -289,7 +380,8 @@ def main(argv=None):
         choices=("gemm", "im2col", "pooling", "softmax", "elementwise", "sgd"),
         help="benchmark only these families (repeatable; default all)",
     )
-    p.add_argument("--size", type=int, default=2048, help="GEMM edge; the other shapes scale with it")
+    p.add_argument("--size", type=int, default=2048, help="scales the memory-bound families' shapes")
+    p.add_argument("--gemm-size", type=int, default=4096, help="the square GEMM case's edge (M = N = K)")
     p.add_argument("--repeat", type=int, default=20)
     args = p.parse_args(argv)
     reason = why_no_gpu()
@@ -317,7 +409,8 @@ def main(argv=None):
     check_small(L, families)
     print("# every version of " + ", ".join(families) + " checked against its float64 reference")
     if "gemm" in families:
-        bench_gemm(L, timer, args.size)
+        peak = fma_peak(L, timer)
+        bench_gemm(L, timer, args.gemm_size, peak, lambda nbytes: copy_bandwidth(cupy, timer, nbytes))
     rest = [f for f in families if f != "gemm"]
     if rest:
         bench_streams(L, timer, args.size // 16 or 1, rest)
