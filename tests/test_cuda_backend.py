@@ -172,7 +172,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 """
 
 
-@pytest.mark.parametrize("version", ["v1_naive", "v2_tiled", "v3_regblock", "v4_double_buffered"])
+@pytest.mark.parametrize("version", ["v1_naive", "v2_tiled", "v3_regblock", "v4_double_buffered", "v5_vectorized"])
 def test_every_hand_written_gemm_inside_layers(gpu, version):
     """Convolution and InnerProduct forward and backward (all four transpose combinations occur)
     with each hand-written GEMM, plus average pooling, sigmoid and tanh, against the CPU."""

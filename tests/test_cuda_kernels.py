@@ -47,7 +47,9 @@ def host(L, a):
 GEMM_SHAPES = [(1, 1, 1), (5, 7, 9), (9, 3, 17), (13, 11, 6)]
 
 
-@pytest.mark.parametrize("version", ["cublas", "v1_naive", "v2_tiled", "v3_regblock", "v4_double_buffered"])
+@pytest.mark.parametrize(
+    "version", ["cublas", "v1_naive", "v2_tiled", "v3_regblock", "v4_double_buffered", "v5_vectorized"]
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gemm_versions(L, version, dtype):
     from kernels.cuda import gemm

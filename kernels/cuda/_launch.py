@@ -65,10 +65,10 @@ GPU_CONFIG = Config()
 #: the simulator's, for the engine (the layer and net tests): as few threads per launch as keep
 #: the same code paths -- two blocks of two threads, tiles smaller than the matrices -- because
 #: each simulated thread is a Python thread, and starting one costs about a millisecond
-SIM_CONFIG = Config(threads=2, max_blocks=2, gemm_tile=4, regblock=(8, 8, 4, 2, 2), row_threads=2, gemm_grid=2)
+SIM_CONFIG = Config(threads=2, max_blocks=2, gemm_tile=4, regblock=(16, 16, 4, 4, 4), row_threads=2, gemm_grid=2)
 #: a wider simulator configuration for the kernel tests (tests/test_cuda_kernels.py): more
 #: threads per block and a grid that does not divide the work evenly
-SIM_WIDE_CONFIG = Config(threads=8, max_blocks=3, gemm_tile=4, regblock=(8, 8, 4, 2, 2), row_threads=8, gemm_grid=3)
+SIM_WIDE_CONFIG = Config(threads=8, max_blocks=3, gemm_tile=4, regblock=(16, 16, 4, 4, 4), row_threads=8, gemm_grid=3)
 
 
 @dataclass
