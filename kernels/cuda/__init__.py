@@ -1,6 +1,7 @@
 """Hand-written GPU kernels (numba.cuda), one module per family, beside the CPU ladders.
 
-    gemm.py         cublas (baseline, default) | v1_naive | v2_tiled | v3_regblock
+    gemm.py         cublas (baseline, default) | v1_naive | v2_tiled | v3_regblock |
+                    v4_double_buffered | v5_vectorized
     im2col.py       im2col / col2im: v1_naive (col2im with atomics) | v2_caffe (default)
     pooling.py      max / average, forward and backward: v1_scatter | v2_gather (backward)
     softmax.py      softmax fwd/bwd: v1_thread | v2_block | v3_auto; loss fwd/bwd; fused
