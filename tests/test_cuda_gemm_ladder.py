@@ -167,6 +167,10 @@ for name, k in builds.items():
                                capture_output=True, text=True)
             rec["ptxas_rc"], rec["ptxas"] = r.returncode, r.stdout + r.stderr
     out[name] = rec
+from kernels.cuda import bench
+ptx, _ = cuda.compile_ptx(bench.make_fma_burn().py_func, (T.Array(f32, 1, "C"), T.int64), cc=(8, 0))
+out["fma_burn"] = {"ptx": ptx}
+out["regblock"] = [BM, BN, BK, TM, TN]
 print("RESULT " + json.dumps(out))
 """
 
@@ -220,8 +224,12 @@ def instructions(body):
     return [ln.split()[0] for ln in body.splitlines() if re.match(r"\s+[@a-z]", ln)]
 
 
+def gemm_builds(ptx):
+    return {k: v for k, v in ptx.items() if k.startswith("v")}
+
+
 def test_no_local_memory_and_float32_only(ptx):
-    for name, rec in ptx.items():
+    for name, rec in {**gemm_builds(ptx), "fma_burn": ptx["fma_burn"]}.items():
         text = rec["ptx"]
         assert not re.search(r"\b(?:ld|st)\.local\b", text), f"{name}: accumulators spilled to local memory"
         assert not re.search(r"\b(?:fma|mul|add)(?:\.rn)?\.f64\b", text), f"{name}: float64 math in a float32 kernel"
@@ -230,7 +238,7 @@ def test_no_local_memory_and_float32_only(ptx):
 def test_registers_fit_two_blocks_per_sm(ptx):
     if not shutil.which("ptxas"):
         pytest.skip("no ptxas on PATH: register counts need it")
-    for name, rec in ptx.items():
+    for name, rec in gemm_builds(ptx).items():
         assert rec["ptxas_rc"] == 0, (name, rec["ptxas"][-800:])
         regs = int(re.search(r"Used (\d+) registers", rec["ptxas"]).group(1))
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", rec["ptxas"])]
@@ -245,10 +253,8 @@ def test_inner_loop_is_fmas_and_folded_shared_loads(ptx):
     load them one float at a time (``ld.shared.f32``); v5 four at a time (``ld.shared.v4.f32``:
     its tiles are arrays of 16-byte records, which numba aligns to 16 bytes) and stores its tiles
     the same way (``st.shared.v4.f32``)."""
-    from kernels.cuda import _launch
-
-    BM, BN, BK, TM, TN = _launch.GPU_CONFIG.regblock
-    for name, rec in ptx.items():
+    BM, BN, BK, TM, TN = ptx["regblock"]  # the GPU's (read in the subprocess: importing kernels.cuda
+    for name, rec in gemm_builds(ptx).items():  # here would fix this process's numba target)
         body = inner_loop(rec["ptx"], TM * TN)
         assert body is not None, f"{name}: no loop of {TM * TN}+ FMAs without a barrier"
         ops = instructions(body)
@@ -275,10 +281,8 @@ def test_double_buffering_structure(ptx):
     """v3: two barriers per K-slice; v4 and v5: one, with the next slice's global loads issued before
     the FMAs (in program order: the compiler is free to keep them early, not to sink them past
     a barrier)."""
-    from kernels.cuda import _launch
-
-    TM, TN = _launch.GPU_CONFIG.regblock[3:]
-    for name, rec in ptx.items():
+    TM, TN = ptx["regblock"][3:]
+    for name, rec in gemm_builds(ptx).items():
         text = rec["ptx"]
         body = inner_loop(text, TM * TN)
         start = text.index(body)
@@ -349,3 +353,12 @@ def test_benchmark_without_a_gpu_says_why_and_exits_0(capsys):
     assert bench.main(["--family", "gemm"]) == 0
     out = capsys.readouterr().out
     assert "no GPU benchmark here" in out
+
+
+def test_the_benchmarks_fma_kernel_is_64_float32_fmas_per_pass(ptx):
+    """The compute ceiling is only as good as this kernel: its inner loop must unroll to 64
+    independent float32 FMAs per pass (float64 constants would halve what it measures)."""
+    text = ptx["fma_burn"]["ptx"]
+    assert not re.search(r"\.f64\b", text), "the FMA-peak kernel does float64 math"
+    body = inner_loop(text, 64)
+    assert body is not None and len(re.findall(r"\bfma\.rn\.f32\b", body)) == 64

@@ -95,9 +95,10 @@ GEMM_SHAPES = [
 ]
 
 
-def fma_peak(L, timer):
-    """FP32 FLOP/s this GPU reaches on a kernel that does nothing but independent FMAs (8 chains
-    per thread, 64 FMAs per loop pass): the compute side of the GEMM ceilings, measured."""
+def make_fma_burn():
+    """The kernel ``fma_peak`` times: ``burn(x, n)``, 8 independent FMA chains per thread, n
+    passes of 64 FMAs (the inner loop unrolls; tests/test_cuda_gemm_ladder.py checks its PTX).
+    Built on first use: importing this module must not import numba.cuda."""
     from numba import cuda
 
     one, tiny = np.float32(0.9999), np.float32(1e-7)  # float32 constants: Python floats would widen to f64
@@ -119,8 +120,15 @@ def fma_peak(L, timer):
                 v7 = v7 * one + tiny
         x[i] = v0 + v1 + v2 + v3 + v4 + v5 + v6 + v7
 
+    return burn
+
+
+def fma_peak(L, timer):
+    """FP32 FLOP/s this GPU reaches on a kernel that does nothing but independent FMAs (8 SM-fulls
+    of 256-thread blocks): the compute side of the GEMM ceilings, measured."""
+    burn = make_fma_burn()
     sms = L.xp.cuda.Device().attributes["MultiProcessorCount"]
-    blocks, threads, n = sms * 8, 256, 4096
+    blocks, threads, n = sms * 8, 256, 1024
     x = L.xp.zeros(blocks * threads, np.float32)
     t = timer(lambda: L.launch(burn, blocks, threads, x, n))
     return 2.0 * 64 * n * blocks * threads / t
