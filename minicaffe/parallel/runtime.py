@@ -435,7 +435,12 @@ class ParallelTrainer:
         if self.n == 1:
             G += self.grads[0, slot]
         else:
-            G += self._dev_weights @ self.grads[:, slot]  # one gemv over the flat gradients
+            # one gemv over the flat gradients; on the CPU np.dot, not @: numpy's matmul runs a
+            # single product holding the GIL (the workers' next forward waited on it)
+            if self.solver.net.xp is np:
+                G += np.dot(self._dev_weights, self.grads[:, slot])
+            else:
+                G += self._dev_weights @ self.grads[:, slot]
         loss = float(np.dot(self.weights, losses))
         for name in outputs[0]:
             self.solver.net.blobs[name].data[...] = sum(w * o[name] for w, o in zip(self.weights, outputs))
