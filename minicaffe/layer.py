@@ -89,6 +89,9 @@ class Layer:
     backward_reads = "both"
     #: recompute in backward what would otherwise be kept from forward (less memory)
     recompute = False
+    #: check inputs on the device and raise when ``check_deferred()`` asks, instead of reading a
+    #: flag on the host inside forward (a step that must not wait for the host: Net.set_deferred_checks)
+    deferred_checks = False
 
     def __init__(self, param, backend=None, dtype=np.float32, phase="TRAIN"):
         if backend is None:
@@ -171,14 +174,28 @@ class Layer:
                 t.dev_diff[...] = w
 
     def forward_loss(self, bottom, top):
-        """Reshape, forward, and return this layer's weighted loss (Caffe's Layer::Forward)."""
+        """Reshape, forward, and return this layer's weighted loss (Caffe's Layer::Forward): a
+        Python float (on a GPU, one counted copy of the scalar to the host)."""
         self.reshape(bottom, top)
         self.forward(bottom, top)
-        loss = 0.0
+        loss = self.device_loss(top)
+        return 0.0 if loss is None else float(self.backend.to_host(loss))
+
+    def device_loss(self, top):
+        """This layer's weighted loss, sum over its tops of data . diff, as a 0-d array of the
+        backend's (None when it has no loss top): nothing is read by the host."""
+        loss = None
         for w, t in zip(self.loss_weights, top):
             if w != 0.0:
-                loss += float((t.dev_data * t.dev_diff).sum())
+                if t.count == 1:  # a scalar loss (every loss layer's): one product, one launch
+                    v = self.xp.multiply(t.dev_flat_data, t.dev_flat_diff).reshape(())
+                else:
+                    v = (t.dev_data * t.dev_diff).sum()
+                loss = v if loss is None else loss + v
         return loss
+
+    def check_deferred(self):
+        """Raise what a check deferred by ``deferred_checks`` found (default: nothing to check)."""
 
     def __repr__(self):
         return f"<{type(self).__name__} '{self.name}'>"

@@ -205,6 +205,9 @@ class Net:
         self._hooks = {kind: [] for kind in HOOK_KINDS}
         self._forward_hooked = self._backward_hooked = False
         self._build(level, stages)
+        # on a GPU backend: compile the engine's kernels for this dtype now, so that no launch
+        # inside a step compiles (once per dtype and process; cpu: nothing to do)
+        self.backend.precompile(self.dtype)
         if weights is not None:
             self.copy_from(weights)
 
@@ -445,6 +448,38 @@ class Net:
         for i in range(start, end + 1):
             loss += layers[i].forward_loss(bottoms[i], tops[i])
         return loss
+
+    def forward_device(self, start=0, end=None):
+        """Run layers start..end like ``forward_from_to``, but return the summed weighted loss as
+        a 0-d array of the backend's, read by nothing: with ``set_deferred_checks(True)`` a
+        forward on a GPU then waits for the host nowhere (what a CUDA-graph capture needs)."""
+        end = len(self.layers) - 1 if end is None else end
+        loss = None
+        before, after = self._hooks["before_forward"], self._hooks["after_forward"]
+        for i in range(start, end + 1):
+            for hook in before:
+                hook(i)
+            layer, top = self.layers[i], self.top_vecs[i]
+            layer.reshape(self.bottom_vecs[i], top)
+            layer.forward(self.bottom_vecs[i], top)
+            v = layer.device_loss(top)
+            if v is not None:
+                loss = v if loss is None else loss + v
+            for hook in after:
+                hook(i)
+        return self.xp.zeros((), self.dtype) if loss is None else loss
+
+    def set_deferred_checks(self, on=True):
+        """Layers that check their inputs on the host in forward (SoftmaxWithLoss's labels) check
+        them on the device instead, and raise when ``check_deferred()`` is called."""
+        for layer in self.layers:
+            layer.deferred_checks = bool(on)
+
+    def check_deferred(self):
+        """Raise the first problem a deferred check found (LayerError naming the layer), reading
+        each checking layer's flag (on a GPU: one small copy each)."""
+        for layer in self.layers:
+            layer.check_deferred()
 
     def backward_from_to(self, start=None, end=0):
         start = len(self.layers) - 1 if start is None else start

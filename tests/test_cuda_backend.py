@@ -191,8 +191,9 @@ def test_a_training_step_makes_no_hidden_transfers(gpu):
     simulator): upload a batch (2 host->device copies), forward + backward, the momentum update
     through the backend's sgd_step kernel.  The batch is written the pycaffe way
     (``blob.data[...] = array``, a host array) and reaches the device by the blob's lazy sync;
-    the only device->host copy is the loss (24 bytes, in softmax_loss_fwd); afterwards no
-    blob's host side is the newer, and none was copied back."""
+    the only device->host copies are SoftmaxWithLoss's 4-number status (32 bytes: the label
+    check) and the loss the net returns (4 bytes); afterwards no blob's host side is the newer,
+    and none was copied back.  (A step with deferred checks copies neither: test_cuda_launch.py.)"""
     a, b = twin_nets(SMALL_NET, gpu, classes=5)
     history = [b.xp.zeros_like(p.dev_data) for p in b.learnable_params]
     b.forward_backward()  # the first step uploads the weights written from the host
@@ -209,7 +210,7 @@ def test_a_training_step_makes_no_hidden_transfers(gpu):
     gpu.synchronize()
     t = gpu.transfers.snapshot()
     assert t["h2d"] == 2 and t["h2d_bytes"] == data.nbytes + label.nbytes, t
-    assert t["d2h"] == 1 and t["d2h_bytes"] == 24, t
+    assert t["d2h"] == 2 and t["d2h_bytes"] == 32 + 4, t
     assert np.isfinite(loss)
     for name, blob in b.blobs.items():
         assert isinstance(blob.dev_data, gpu.xp.ndarray) and isinstance(blob.dev_diff, gpu.xp.ndarray), name
@@ -244,8 +245,9 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 def test_a_solver_step_moves_only_the_batch_and_the_loss(gpu, tmp_path):
     """Solver.step on a GPU backend, as a user runs it: the data layer makes a batch on the host
     each iteration (DummyData's gaussian refill) and the blob syncs it to the device -- one
-    host->device copy; the loss -- one 24-byte device->host copy; nothing else crosses (weights,
-    gradients, momentum and every activation stay on the device)."""
+    host->device copy; the label check's status (32 bytes) and the loss (4 bytes) -- two
+    device->host copies; nothing else crosses (weights, gradients, momentum and every activation
+    stay on the device)."""
     (tmp_path / "net.prototxt").write_text(SOLVER_NET)
     (tmp_path / "solver.prototxt").write_text(
         'net: "net.prototxt"\nbase_lr: 0.01\nmomentum: 0.9\nweight_decay: 5e-4\nlr_policy: "fixed"\n'
@@ -258,7 +260,7 @@ def test_a_solver_step_moves_only_the_batch_and_the_loss(gpu, tmp_path):
     gpu.synchronize()
     t = gpu.transfers.snapshot()
     batch_bytes = 2 * 1 * 5 * 5 * 4
-    assert t == {"d2h": 2, "h2d": 2, "d2h_bytes": 2 * 24, "h2d_bytes": 2 * batch_bytes}, t
+    assert t == {"d2h": 4, "h2d": 2, "d2h_bytes": 2 * (32 + 4), "h2d_bytes": 2 * batch_bytes}, t
     assert np.isfinite(solver.smoothed_loss)
 
 

@@ -74,9 +74,10 @@ def _tanh_bwd_v1(y, dy, dx):
         dx[i] = dy[i] * (1.0 - y[i] * y[i])
 
 
-def _full_grid(L, n):
+def _full_grid(L, kernel, n, *args):
+    """v1's launch: one thread per element, ceil(n / threads) blocks, uncapped."""
     t = L.config.threads
-    return max(1, math.ceil(n / t)), t
+    L.launch(kernel, max(1, math.ceil(n / t)), t, *args)
 
 
 # -- v2: grid-stride, typed ------------------------------------------------------------------------
@@ -158,32 +159,33 @@ def _check(*arrays):
 
 
 def _make(name, kernel, grid):
-    """The wrapper ``name(L, ...)`` with the CPU contract's arguments; ReLU's slope goes in as a
-    scalar of the arrays' dtype."""
+    """The wrapper ``name(L, ...)`` with the CPU contract's arguments (``grid`` launches it); ReLU's
+    slope goes in as a scalar of the arrays' dtype."""
     if name == "relu_fwd":
 
         def run(L, x, slope, y):
             if _check(x, y):
-                L.launch(kernel, *grid(L, x.size), x, L.scalar(slope, y.dtype), y)
+                grid(L, kernel, x.size, x, L.scalar(slope, y.dtype), y)
     elif name == "relu_bwd":
 
         def run(L, x, dy, slope, dx):
             if _check(x, dy, dx):
-                L.launch(kernel, *grid(L, x.size), x, dy, L.scalar(slope, dx.dtype), dx)
+                grid(L, kernel, x.size, x, dy, L.scalar(slope, dx.dtype), dx)
     else:
 
         def run(L, a, b, c=None):
             arrays = (a, b) if c is None else (a, b, c)
             if _check(*arrays):
-                L.launch(kernel, *grid(L, a.size), *arrays)
+                grid(L, kernel, a.size, *arrays)
 
     run.__name__ = name
     run.kernel = kernel
     return run
 
 
-def _stride_grid(L, n):
-    return L.blocks(n), L.config.threads
+def _stride_grid(L, kernel, n, *args):
+    """v2's launch: a capped grid-stride grid, computed once per shape (``Launcher.launch1d``)."""
+    L.launch1d(kernel, n, *args)
 
 
 _KERNELS = {

@@ -146,28 +146,26 @@ def _col2im_v2(col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x):
 def im2col_v1_naive(L, x, kh, kw, ph, pw, sh, sw, dh, dw, col):
     N, C, H, W, OH, OW = _geometry(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     if col.size:
-        L.launch(_im2col_v1, L.blocks(col.size), L.config.threads, x, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, col)
+        L.launch1d(_im2col_v1, col.size, x, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, col)
 
 
 def col2im_v1_naive(L, col, kh, kw, ph, pw, sh, sw, dh, dw, x):
     N, C, H, W, OH, OW = _geometry(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     x.fill(0)  # on the GPU: a CuPy kernel on the same stream
     if col.size:
-        L.launch(_col2im_v1, L.blocks(col.size), L.config.threads, col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x)
+        L.launch1d(_col2im_v1, col.size, col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x)
 
 
 def im2col_v2_caffe(L, x, kh, kw, ph, pw, sh, sw, dh, dw, col):
     N, C, H, W, OH, OW = _geometry(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     if col.size:
-        L.launch(
-            _im2col_v2, L.blocks(C * col.shape[1]), L.config.threads, x, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, col
-        )
+        L.launch1d(_im2col_v2, C * col.shape[1], x, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, col)
 
 
 def col2im_v2_caffe(L, col, kh, kw, ph, pw, sh, sw, dh, dw, x):
     N, C, H, W, OH, OW = _geometry(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
     if x.size:
-        L.launch(_col2im_v2, L.blocks(x.size), L.config.threads, col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x)
+        L.launch1d(_col2im_v2, x.size, col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x)
 
 
 VERSIONS = {

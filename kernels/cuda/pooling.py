@@ -183,7 +183,7 @@ def _check_mask(dy, mask):
 def max_pool_fwd_v1_scatter(L, x, kh, kw, sh, sw, ph, pw, y, mask):
     _check(x, y, kh, kw, sh, sw, ph, pw)
     if y.size:
-        L.launch(_max_fwd, L.blocks(y.size), L.config.threads, x, kh, kw, sh, sw, ph, pw, y, mask)
+        L.launch1d(_max_fwd, y.size, x, kh, kw, sh, sw, ph, pw, y, mask)
 
 
 def max_pool_bwd_v1_scatter(L, dy, mask, kh, kw, sh, sw, ph, pw, dx):
@@ -191,33 +191,33 @@ def max_pool_bwd_v1_scatter(L, dy, mask, kh, kw, sh, sw, ph, pw, dx):
     _check(dx, dy, kh, kw, sh, sw, ph, pw)
     dx.fill(0)
     if dy.size:
-        L.launch(_max_bwd_scatter, L.blocks(dy.size), L.config.threads, dy, mask, dx)
+        L.launch1d(_max_bwd_scatter, dy.size, dy, mask, dx)
 
 
 def max_pool_bwd_v2_gather(L, dy, mask, kh, kw, sh, sw, ph, pw, dx):
     _check_mask(dy, mask)
     _check(dx, dy, kh, kw, sh, sw, ph, pw)
     if dx.size:
-        L.launch(_max_bwd_gather, L.blocks(dx.size), L.config.threads, dy, mask, kh, kw, sh, sw, ph, pw, dx)
+        L.launch1d(_max_bwd_gather, dx.size, dy, mask, kh, kw, sh, sw, ph, pw, dx)
 
 
 def ave_pool_fwd_v1_scatter(L, x, kh, kw, sh, sw, ph, pw, y):
     _check(x, y, kh, kw, sh, sw, ph, pw)
     if y.size:
-        L.launch(_ave_fwd, L.blocks(y.size), L.config.threads, x, kh, kw, sh, sw, ph, pw, y)
+        L.launch1d(_ave_fwd, y.size, x, kh, kw, sh, sw, ph, pw, y)
 
 
 def ave_pool_bwd_v1_scatter(L, dy, kh, kw, sh, sw, ph, pw, dx):
     _check(dx, dy, kh, kw, sh, sw, ph, pw)
     dx.fill(0)
     if dy.size:
-        L.launch(_ave_bwd_scatter, L.blocks(dy.size), L.config.threads, dy, kh, kw, sh, sw, ph, pw, dx)
+        L.launch1d(_ave_bwd_scatter, dy.size, dy, kh, kw, sh, sw, ph, pw, dx)
 
 
 def ave_pool_bwd_v2_gather(L, dy, kh, kw, sh, sw, ph, pw, dx):
     _check(dx, dy, kh, kw, sh, sw, ph, pw)
     if dx.size:
-        L.launch(_ave_bwd_gather, L.blocks(dx.size), L.config.threads, dy, kh, kw, sh, sw, ph, pw, dx)
+        L.launch1d(_ave_bwd_gather, dx.size, dy, kh, kw, sh, sw, ph, pw, dx)
 
 
 VERSIONS = {

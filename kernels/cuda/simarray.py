@@ -24,9 +24,64 @@ numba's simulated device array (``_launch.py``) and refuse numpy arrays.
 """
 
 import numbers
+import threading
 import types
+from collections import Counter
 
 import numpy as np
+
+#: array operations that are a kernel launch on a GPU (CuPy launches one per element-wise
+#: operation, reduction, fill or copy; views, reshapes and slices launch nothing), by name
+OPS = Counter()
+#: scalar reads and explicit copies that make the host wait for the device, by name
+SYNCS = Counter()
+#: views: what launches nothing
+_VIEWS = frozenset(
+    "reshape view transpose swapaxes squeeze T ravel_view expand_dims broadcast_to shape ndim size "
+    "dtype may_share_memory shares_memory result_type can_cast empty empty_like atleast_1d "
+    "atleast_2d atleast_3d moveaxis rollaxis get_array_module isscalar iscomplexobj isrealobj".split()
+)
+
+
+class CaptureViolation(RuntimeError):
+    """Host work inside capture mode: a copy across the bus, a synchronization, a scalar read."""
+
+
+_capture = threading.local()
+
+
+def enter_capture(what):
+    _capture.what = what
+    return what
+
+
+def leave_capture(token):
+    _capture.what = None
+
+
+def _sync(name):
+    """A read that makes the host wait for the device: counted, and refused in capture mode."""
+    what = getattr(_capture, "what", None)
+    if what is not None:
+        raise CaptureViolation(
+            f"{name} of a device array inside {what}: the host would wait for the device in the "
+            f"middle of the step (keep the value on the device, read it after the step)"
+        )
+    SYNCS[name] += 1
+
+
+def _op(name, result=None, *sources):
+    """Count an operation as a launch unless its result is a view of one of its sources."""
+    if name in _VIEWS:
+        return
+    if (
+        isinstance(result, np.ndarray)
+        and result.size
+        and any(isinstance(s, np.ndarray) and np.may_share_memory(result, s) for s in sources)
+    ):
+        return
+    OPS[name] += 1
+
 
 IMPLICIT = (
     "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a "
@@ -72,6 +127,7 @@ def _binary(name):
     op = getattr(np.ndarray, name)
 
     def method(self, other):
+        _op(name)
         return wrap(op(self._a, unwrap(other)))
 
     method.__name__ = name
@@ -82,6 +138,7 @@ def _inplace(name):
     op = getattr(np.ndarray, name)
 
     def method(self, other):
+        _op(name)
         op(self._a, unwrap(other))
         return self
 
@@ -93,6 +150,7 @@ def _unary(name):
     op = getattr(np.ndarray, name)
 
     def method(self):
+        _op(name)
         return wrap(op(self._a))
 
     method.__name__ = name
@@ -116,6 +174,7 @@ class SimArray:
 
     def get(self, stream=None, order="C", out=None):
         """A numpy copy (CuPy's explicit device-to-host copy)."""
+        _sync("get()")
         if out is not None:
             out[...] = self._a
             return out
@@ -125,6 +184,7 @@ class SimArray:
         """Copy host array ``arr`` into this array (CuPy's explicit host-to-device copy)."""
         if isinstance(arr, SimArray):
             raise TypeError("set() takes a host numpy array; use a[...] = b between device arrays")
+        _sync("set()")
         self._a[...] = np.asarray(arr)
 
     # -- numpy protocols (CuPy implements both) -----------------------------------------------
@@ -133,10 +193,14 @@ class SimArray:
         out = kwargs.get("out")
         if out is not None:
             kwargs["out"] = unwrap(out)
+        _op(ufunc.__name__)
         return wrap(getattr(ufunc, method)(*inputs, **kwargs))
 
     def __array_function__(self, func, types_, args, kwargs):
-        return wrap(func(*unwrap(args), **unwrap(kwargs)))
+        a = unwrap(args)
+        r = func(*a, **unwrap(kwargs))
+        _op(func.__name__, r, *a)
+        return wrap(r)
 
     # -- attributes ----------------------------------------------------------------------------
     shape = property(lambda self: self._a.shape)
@@ -159,9 +223,14 @@ class SimArray:
             raise AttributeError(name)
         attr = getattr(self._a, name)  # methods: reshape, sum, astype, copy, fill, ravel, ...
         if callable(attr):
+            if name in ("item", "tolist"):
+                _sync(f"{name}()")
 
             def method(*args, **kwargs):
-                return wrap(attr(*unwrap(args), **unwrap(kwargs)))
+                r = attr(*unwrap(args), **unwrap(kwargs))
+                if name not in ("item", "tolist"):
+                    _op(name, r, self._a)
+                return wrap(r)
 
             method.__name__ = name
             return method
@@ -169,9 +238,13 @@ class SimArray:
 
     # -- indexing ------------------------------------------------------------------------------
     def __getitem__(self, key):
-        return wrap(self._a[unwrap(key)])
+        r = self._a[unwrap(key)]
+        if isinstance(r, np.ndarray):
+            _op("getitem", r, self._a)  # basic indexing is a view; advanced indexing gathers
+        return wrap(r)
 
     def __setitem__(self, key, value):
+        _op("setitem")  # a copy or a fill kernel
         self._a[unwrap(key)] = unwrap(value)
 
     def __len__(self):
@@ -182,15 +255,19 @@ class SimArray:
 
     # -- scalars (CuPy copies one value to the host for these) ----------------------------------
     def __float__(self):
+        _sync("float()")
         return float(self._a)
 
     def __int__(self):
+        _sync("int()")
         return int(self._a)
 
     def __bool__(self):
+        _sync("bool()")
         return bool(self._a)
 
     def __complex__(self):
+        _sync("complex()")
         return complex(self._a)
 
     def __repr__(self):
@@ -200,6 +277,7 @@ class SimArray:
         return str(self._a)
 
     def __format__(self, spec):
+        _sync("format()")
         return format(self._a.item(), spec) if self._a.size == 1 else format(str(self), spec)
 
     def __copy__(self):
@@ -231,9 +309,14 @@ def _to_device(a, dtype=None, copy=None, order=None, **kwargs):
     copied to the device, as CuPy does)."""
     if type(a) is SimArray:
         out = np.array(a._a, dtype=dtype, copy=bool(copy), order=order or "K")
-        return a if out is a._a else SimArray(out)
+        if out is a._a:
+            return a
+        _op("asarray")  # a copy or a cast on the device
+        return SimArray(out)
     if isinstance(a, (list, tuple)) and any(type(v) is SimArray for v in a):
         a = unwrap(a)
+    elif isinstance(a, (np.ndarray, list, tuple)):
+        _sync("asarray(host)")  # a copy from the host
     return SimArray(np.array(a, dtype=dtype, copy=True, order=order or "K"))
 
 
@@ -244,7 +327,10 @@ def _array(a, dtype=None, copy=True, order="K", **kwargs):
 def _ascontiguousarray(a, dtype=None):
     if type(a) is SimArray:
         out = np.ascontiguousarray(a._a, dtype=dtype)
-        return a if out is a._a else SimArray(out)
+        if out is a._a:
+            return a
+        _op("ascontiguousarray")
+        return SimArray(out)
     return _to_device(a, dtype=dtype, order="C")
 
 
@@ -256,8 +342,13 @@ def _asnumpy(a, stream=None, order="C", out=None):
 
 
 def _wrap_function(f):
+    name = getattr(f, "__name__", "function")
+
     def function(*args, **kwargs):
-        return wrap(f(*unwrap(args), **unwrap(kwargs)))
+        a = unwrap(args)
+        r = f(*a, **unwrap(kwargs))
+        _op(name, r, *a)
+        return wrap(r)
 
     function.__name__ = getattr(f, "__name__", "function")
     function.__doc__ = getattr(f, "__doc__", None)
@@ -274,6 +365,7 @@ class _SimUfunc:
         self.nin, self.nout = ufunc.nin, ufunc.nout
 
     def __call__(self, *args, **kwargs):
+        _op(self.__name__)
         return wrap(self._u(*unwrap(args), **unwrap(kwargs)))
 
     def __getattr__(self, name):

@@ -57,6 +57,7 @@ __all__ = [
     "softmax_loss_fwd",
     "softmax_loss_bwd",
     "softmax_xent_fwd",
+    "softmax_xent_fwd_device",
     "VERSIONS",
     "DEFAULTS",
     "use",
@@ -167,6 +168,38 @@ def _label_at(label, o, k, C, ignore_label, has_ignore):
 
 
 _loss_cache = {}
+# the fused loss forward runs as one block (one launch, no atomics) up to the launcher's
+# ``config.loss_one_block`` positions (outer * inner: a classification batch); beyond, as many
+# blocks with a zeroed status and a finishing launch (three launches)
+
+
+@cuda.jit(device=True)
+def _finish_dev(total, count, bad, normalizer, status, loss):
+    """status = [total, count, bad, n]; loss[0] = total / n, NaN if a label was bad; n = the
+    normalizer, or (normalizer <= 0: Caffe's VALID) the count of labelled positions, at least 1."""
+    n = normalizer if normalizer > 0 else (count if count > 1.0 else 1.0)
+    status[0] = total
+    status[1] = count
+    status[2] = bad
+    status[3] = n
+    if bad != math.inf:
+        loss[0] = math.nan
+    else:
+        loss[0] = total / n
+
+
+@cuda.jit
+def _status_init(status):
+    """status = [0, 0, inf, 0] (the multi-block loss accumulates into it with atomics)."""
+    i = cuda.grid(1)
+    if i < status.size:
+        status[i] = math.inf if i == 2 else 0.0
+
+
+@cuda.jit
+def _status_finish(status, normalizer, loss):
+    if cuda.grid(1) == 0:
+        _finish_dev(status[0], status[1], status[2], normalizer, status, loss)
 
 
 def make_loss_kernels(T):
@@ -235,7 +268,41 @@ def make_loss_kernels(T):
             t += cuda.gridsize(1)
         block_add(red, loss, count, out)
 
-    _loss_cache[T] = (loss_fwd, xent_fwd)
+    @cuda.jit
+    def xent_one(x, label, ignore_label, has_ignore, normalizer, prob, status, loss):
+        """The engine's fused SoftmaxWithLoss forward in ONE launch, for up to ``L.config.loss_one_block``
+        positions: one block, thread t -> positions t, t + T, ...; the softmax of each row
+        (``softmax_row``), its loss at the label, block-reduced (sum of losses, count, and the
+        first bad position as the maximum of its negation); then thread 0 finishes on the device:
+        status = [loss sum, count, first bad position or inf, normalizer used] and loss[0] = the
+        normalized loss (NaN where a label is bad).  One block: no atomics, nothing to zero first."""
+        outer, C, inner = x.shape
+        red = cuda.shared.array(T, dtype=np.float64)
+        total = 0.0
+        count = 0.0
+        first_bad = -math.inf  # the maximum of -position
+        cap = -math.log(FLT_MIN)
+        t = cuda.threadIdx.x
+        while t < outer * inner:
+            o = t // inner
+            k = t - o * inner
+            m, s = _softmax_row_dev(x, prob, o, k)
+            li = _label_at(label, o, k, C, ignore_label, has_ignore)
+            if li == -2:
+                if -float(t) > first_bad:
+                    first_bad = -float(t)
+            elif li >= 0:
+                nll = math.log(float(s)) - float(x[o, li, k] - m)
+                total += nll if nll < cap else cap
+                count += 1.0
+            t += cuda.blockDim.x
+        total = block_reduce(red, total, False)
+        count = block_reduce(red, count, False)
+        first_bad = block_reduce(red, first_bad, True)
+        if cuda.threadIdx.x == 0:
+            _finish_dev(total, count, -first_bad, normalizer, status, loss)
+
+    _loss_cache[T] = (loss_fwd, xent_fwd, xent_one)
     return loss_fwd, xent_fwd
 
 
@@ -244,6 +311,29 @@ def _loss_bwd(prob, label, ignore_label, has_ignore, scale, dx):
     """Thread t (grid-stride) -> element (o, c, k) of dx in its flat order (coalesced):
     scale * (prob - [c == label]), 0 where ignored, NaN where the label is bad."""
     outer, C, inner = prob.shape
+    t = cuda.grid(1)
+    while t < prob.size:
+        k = t % inner
+        c = (t // inner) % C
+        o = t // (inner * C)
+        li = _label_at(label, o, k, C, ignore_label, has_ignore)
+        if li == -1:
+            dx[o, c, k] = 0
+        elif li == -2:
+            dx[o, c, k] = math.nan
+        elif c == li:
+            dx[o, c, k] = scale * (prob[o, c, k] - 1)
+        else:
+            dx[o, c, k] = scale * prob[o, c, k]
+        t += cuda.gridsize(1)
+
+
+@cuda.jit
+def _loss_bwd_dev(prob, label, ignore_label, has_ignore, top_diff, status, dx):
+    """_loss_bwd with the scale read on the device: top_diff[0] / status[3] (the loss weight
+    over the normalizer the forward used): nothing read by the host between the two."""
+    outer, C, inner = prob.shape
+    scale = top_diff[0] / status[3]
     t = cuda.grid(1)
     while t < prob.size:
         k = t % inner
@@ -284,27 +374,27 @@ def _as_label(prob, label):
 def softmax_fwd_v1_thread(L, x, y):
     outer, C, inner = _check3(x, y)
     if x.size:
-        L.launch(_fwd_thread, L.blocks(outer * inner), L.config.threads, x, y)
+        L.launch1d(_fwd_thread, outer * inner, x, y)
 
 
 def softmax_bwd_v1_thread(L, y, dy, dx):
     outer, C, inner = _check3(y, dy, dx)
     if y.size:
-        L.launch(_bwd_thread, L.blocks(outer * inner), L.config.threads, y, dy, dx)
+        L.launch1d(_bwd_thread, outer * inner, y, dy, dx)
 
 
 def softmax_fwd_v2_block(L, x, y):
     outer, C, inner = _check3(x, y)
     R = L.config.row_threads
     if x.size:
-        L.launch(make_block_kernels(R)[0], L.blocks(outer * inner, 1), R, x, y)
+        L.launch1d(make_block_kernels(R)[0], outer * inner, x, y, per_block=1, block=R)
 
 
 def softmax_bwd_v2_block(L, y, dy, dx):
     outer, C, inner = _check3(y, dy, dx)
     R = L.config.row_threads
     if y.size:
-        L.launch(make_block_kernels(R)[1], L.blocks(outer * inner, 1), R, y, dy, dx)
+        L.launch1d(make_block_kernels(R)[1], outer * inner, y, dy, dx, per_block=1, block=R)
 
 
 def softmax_fwd_v3_auto(L, x, y):
@@ -337,15 +427,16 @@ def softmax_loss_fwd_v1_thread(L, prob, label, ignore_label, has_ignore):
     out = _loss_out(L)
     T = L.config.row_threads
     if prob.size:
-        L.launch(
+        L.launch1d(
             make_loss_kernels(T)[0],
-            L.blocks(outer * inner, T),
-            T,
+            outer * inner,
             prob,
             label,
             int(ignore_label),
             bool(has_ignore),
             out,
+            per_block=T,
+            block=T,
         )
     return _finish(L, out, prob, label)
 
@@ -356,28 +447,74 @@ def softmax_xent_fwd_v1_fused(L, x, label, ignore_label, has_ignore, prob):
     out = _loss_out(L)
     T = L.config.row_threads
     if x.size:
-        L.launch(
+        L.launch1d(
             make_loss_kernels(T)[1],
-            L.blocks(outer * inner, T),
-            T,
+            outer * inner,
             x,
             label,
             int(ignore_label),
             bool(has_ignore),
             prob,
             out,
+            per_block=T,
+            block=T,
         )
     return _finish(L, out, prob, label)
+
+
+def _check_status(status, loss):
+    if status.ndim != 1 or status.size != 4 or status.dtype != np.float64:
+        raise ValueError(f"softmax loss: status must be 4 float64, got {tuple(status.shape)} {status.dtype}")
+    if loss.size != 1:
+        raise ValueError(f"softmax loss: loss must hold 1 value, got shape {tuple(loss.shape)}")
+
+
+def softmax_xent_fwd_device_v1(L, x, label, ignore_label, has_ignore, normalizer, prob, status, loss):
+    """The engine's SoftmaxWithLoss forward, all on the device (the backend contract's
+    ``softmax_xent_fwd``): prob = softmax(x); status = [loss sum, count, first bad position or
+    inf, normalizer used]; loss[0] = the normalized loss (NaN if a label is bad).  One launch up
+    to ``L.config.loss_one_block`` positions, three beyond; nothing is copied to the host."""
+    outer, C, inner = _check3(x, prob)
+    label = _as_label(prob, label)
+    _check_status(status, loss)
+    loss = loss.reshape(1)
+    T = L.config.row_threads
+    n = outer * inner
+    norm = float(normalizer)
+    if n <= L.config.loss_one_block:
+        make_loss_kernels(T)
+        xent_one = _loss_cache[T][2]
+        L.launch(xent_one, 1, T, x, label, int(ignore_label), bool(has_ignore), norm, prob, status, loss)
+        return
+    L.launch(_status_init, 1, 4, status)
+    L.launch1d(
+        make_loss_kernels(T)[1], n, x, label, int(ignore_label), bool(has_ignore), prob, status, per_block=T, block=T
+    )
+    L.launch(_status_finish, 1, 1, status, norm, loss)
 
 
 def softmax_loss_bwd_v1_thread(L, prob, label, ignore_label, has_ignore, scale, dx):
     outer, C, inner = _check3(prob, dx)
     label = _as_label(prob, label)
+    if isinstance(scale, tuple):  # (top diff, status) on the device: the scale is read there
+        top_diff, status = scale
+        if prob.size:
+            L.launch1d(
+                _loss_bwd_dev,
+                prob.size,
+                prob,
+                label,
+                int(ignore_label),
+                bool(has_ignore),
+                top_diff.reshape(1),
+                status,
+                dx,
+            )
+        return
     if prob.size:
-        L.launch(
+        L.launch1d(
             _loss_bwd,
-            L.blocks(prob.size),
-            L.config.threads,
+            prob.size,
             prob,
             label,
             int(ignore_label),
@@ -401,6 +538,7 @@ VERSIONS = {
     "softmax_loss_fwd": {"v1_thread": softmax_loss_fwd_v1_thread},
     "softmax_loss_bwd": {"v1_thread": softmax_loss_bwd_v1_thread},
     "softmax_xent_fwd": {"v1_fused": softmax_xent_fwd_v1_fused},
+    "softmax_xent_fwd_device": {"v1_fused": softmax_xent_fwd_device_v1},
 }
 DEFAULTS = {
     "softmax_fwd": "v3_auto",
@@ -408,6 +546,7 @@ DEFAULTS = {
     "softmax_loss_fwd": "v1_thread",
     "softmax_loss_bwd": "v1_thread",
     "softmax_xent_fwd": "v1_fused",
+    "softmax_xent_fwd_device": "v1_fused",
 }
 
 softmax_fwd = VERSIONS["softmax_fwd"][DEFAULTS["softmax_fwd"]]
@@ -415,6 +554,7 @@ softmax_bwd = VERSIONS["softmax_bwd"][DEFAULTS["softmax_bwd"]]
 softmax_loss_fwd = VERSIONS["softmax_loss_fwd"][DEFAULTS["softmax_loss_fwd"]]
 softmax_loss_bwd = VERSIONS["softmax_loss_bwd"][DEFAULTS["softmax_loss_bwd"]]
 softmax_xent_fwd = VERSIONS["softmax_xent_fwd"][DEFAULTS["softmax_xent_fwd"]]
+softmax_xent_fwd_device = VERSIONS["softmax_xent_fwd_device"][DEFAULTS["softmax_xent_fwd_device"]]
 
 
 def use(version):

@@ -10,8 +10,11 @@ its kernel up at call time, so ``kernels.cuda.use(family, version)`` switches wh
 runs.
 """
 
+import numpy as np
+
 import kernels.cuda as _kc
 from kernels.cuda import _launch, elementwise, pooling, sgd, softmax
+from kernels.cuda import fused as _fused
 from kernels.cuda import gemm as _gemm
 from kernels.cuda import im2col as _im2col
 
@@ -20,6 +23,9 @@ L = _launch.launcher()
 _kc.apply_env()
 
 transfers = L.transfers
+launches = L.launches
+capturing = L.capturing
+capture = L.capture
 to_host = L.to_host
 from_host = L.from_host
 synchronize = L.synchronize
@@ -95,3 +101,32 @@ def tanh_bwd(y, dy, dx):
 
 def sgd_step(w, g, h, momentum, local_rate, decay):
     sgd.sgd_step(L, w, g, h, momentum, local_rate, decay)
+
+
+def softmax_xent_fwd(x, label, ignore_label, has_ignore, normalizer, prob, status, loss):
+    softmax.softmax_xent_fwd_device(L, x, label, ignore_label, has_ignore, normalizer, prob, status, loss)
+
+
+def sgd_step_segments(w, g, h, offsets, momentum, rates, decays):
+    sgd.sgd_step_segments(L, w, g, h, offsets, momentum, rates, decays)
+
+
+def bias_bwd(dy, db, dout):
+    _fused.bias_bwd(L, dy, db, dout)
+
+
+_precompiled = set()
+
+
+def precompile(dtype):
+    """Compile the engine's kernels for ``dtype`` now (kernels/cuda/_signatures.py): a net built
+    on a GPU backend calls this, so its first training step compiles nothing.  Once per dtype
+    and process; returns how many kernels were compiled by this call."""
+    key = np.dtype(dtype).str
+    if key in _precompiled:
+        return 0
+    from kernels.cuda._signatures import signatures
+
+    n = sum(L.precompile(kernel, sig) for kernel, sig in signatures(L, dtype))
+    _precompiled.add(key)
+    return n

@@ -22,6 +22,9 @@ ATTRIBUTES = {
 #: what the GPU backends add: the counted host<->device copies, read by the tests and tools
 GPU_ATTRIBUTES = {
     "transfers": "host<->device copies made through to_host / from_host: counts and bytes, .reset()",
+    "launches": "kernel launches: numba kernels by name, and (simulator) array operations and host syncs; .reset()",
+    "capturing": "capturing(what): a context in which any host<->device copy or sync raises CaptureViolation",
+    "capture": "capture(what): record the launches inside as a CUDA graph (real GPU only); yields .graph",
 }
 
 
@@ -40,6 +43,13 @@ def from_host(a, dtype=None):
 
 def synchronize():
     """Wait until every kernel launched so far has finished (timing; cpu: returns at once)."""
+    raise NotImplementedError
+
+
+def precompile(dtype):
+    """Compile the engine's kernels for arrays of ``dtype`` now rather than at their first launch
+    (a GPU backend: explicit signatures, once per dtype and process; a net calls it when it is
+    built).  Returns how many were compiled; cpu: 0 (its kernels compile and cache on first use)."""
     raise NotImplementedError
 
 
@@ -108,7 +118,25 @@ def softmax_loss_fwd(prob, label, ignore_label, has_ignore):
 
 
 def softmax_loss_bwd(prob, label, ignore_label, has_ignore, scale, dx):
-    """dx = scale * (prob - onehot(label)), 0 at ignored positions."""
+    """dx = scale * (prob - onehot(label)), 0 at ignored positions.  ``scale``: a number, or the
+    pair (top_diff, status) of 1-element and 4-element arrays of the backend's: then scale =
+    top_diff[0] / status[3], read where the arrays live (no host round trip on a GPU)."""
+    raise NotImplementedError
+
+
+def softmax_xent_fwd(x, label, ignore_label, has_ignore, normalizer, prob, status, loss):
+    """SoftmaxWithLoss's forward, fused, with nothing read by the host: prob = softmax(x) (x, prob
+    (outer, C, inner)); status (4 float64) = [sum of -log(max(prob at the label, FLT_MIN)),
+    count of non-ignored positions, first bad label's flat position (o*inner + k) or inf,
+    normalizer used]; loss (1 value) = sum / normalizer, where ``normalizer`` <= 0 means the
+    count (at least 1: Caffe's VALID); NaN if a label is bad (outside [0, C), not ignored).
+    The caller reads status when it must know (a GPU: one small copy, when it chooses)."""
+    raise NotImplementedError
+
+
+def bias_bwd(dy, db, dout):
+    """db (M,) += the sum of dy (N, M, S) over N and S (a bias gradient).  ``dout`` None, or an
+    (M, N*S) array that receives dy transposed, dout[m, n*S + s] = dy[n, m, s], in the same pass."""
     raise NotImplementedError
 
 
@@ -146,7 +174,17 @@ def tanh_bwd(y, dy, dx):
 # -- the solver's update (kernels/sgd.py) ---------------------------------------------------------------
 def sgd_step(w, g, h, momentum, local_rate, decay):
     """One SGD iteration of one flat parameter, fused (L2 decay, momentum, update):
-    h = momentum * h + local_rate * (g + decay * w);  w -= h.  g is only read."""
+    h = momentum * h + local_rate * (g + decay * w);  w -= h.  g is only read.  ``local_rate``:
+    a number, or a 1-element array of the backend's (read where it lives: a captured CUDA graph
+    replays with the rate written there before each replay)."""
+    raise NotImplementedError
+
+
+def sgd_step_segments(w, g, h, offsets, momentum, rates, decays):
+    """sgd_step for every parameter at once (one launch on a GPU): w, g, h are the flat vectors
+    of all parameters, parameter s the slice [offsets[s], offsets[s+1]) with its own rate and
+    decay; offsets (n+1 int64), rates and decays (n) are arrays of the backend's, read where they
+    live."""
     raise NotImplementedError
 
 
@@ -155,6 +193,7 @@ FUNCTIONS = (
     to_host,
     from_host,
     synchronize,
+    precompile,
     gemm,
     im2col,
     col2im,
@@ -166,6 +205,8 @@ FUNCTIONS = (
     softmax_bwd,
     softmax_loss_fwd,
     softmax_loss_bwd,
+    softmax_xent_fwd,
+    bias_bwd,
     relu_fwd,
     relu_bwd,
     sigmoid_fwd,
@@ -173,6 +214,7 @@ FUNCTIONS = (
     tanh_fwd,
     tanh_bwd,
     sgd_step,
+    sgd_step_segments,
 )
 
 

@@ -27,6 +27,11 @@ def synchronize():
     """Nothing to wait for: every CPU kernel has finished when it returns."""
 
 
+def precompile(dtype):
+    """Nothing ahead of time: the CPU kernels compile (and cache on disk) at their first call."""
+    return 0
+
+
 # -- GEMM -------------------------------------------------------------------------------------
 def gemm(trans_a, trans_b, alpha, a, b, beta, c):
     """c = alpha * op(a) @ op(b) + beta * c, with op = transpose when trans_* is True."""
@@ -75,7 +80,36 @@ def softmax_loss_fwd(prob, label, ignore_label, has_ignore):
 
 
 def softmax_loss_bwd(prob, label, ignore_label, has_ignore, scale, dx):
+    if isinstance(scale, tuple):  # (top diff, status): both host arrays here
+        top_diff, status = scale
+        scale = float(top_diff.reshape(-1)[0]) / float(status[3])
     softmax.softmax_loss_bwd(prob, label, ignore_label, has_ignore, scale, dx)
+
+
+def softmax_xent_fwd(x, label, ignore_label, has_ignore, normalizer, prob, status, loss):
+    """softmax_fwd, then the loss kernel of the current softmax_loss_fwd version (which reports a
+    bad label's position instead of raising), the result written as the contract says."""
+    softmax.softmax_fwd(x, prob)
+    outer, _, inner = prob.shape
+    if label.size != outer * inner:
+        raise ValueError(f"softmax loss: label has {label.size} elements, prob {prob.shape} needs {outer * inner}")
+    lab = label.reshape(outer, inner)
+    total, count, bad = softmax.softmax_loss_fwd.kernel(prob, lab, int(ignore_label), bool(has_ignore))
+    n = float(normalizer) if normalizer > 0 else float(max(count, 1))
+    status[:] = (total, count, np.inf if bad < 0 else bad, n)
+    loss.reshape(-1)[0] = np.nan if bad >= 0 else total / n
+
+
+def bias_bwd(dy, db, dout):
+    """Summed in the order the layers summed before this entry existed (bit-identical results)."""
+    N, M, S = dy.shape
+    if dout is not None:
+        dout.reshape(M, N, S)[...] = dy.transpose(1, 0, 2)
+        db += dout.sum(axis=1)
+    elif S == 1:
+        db += dy.reshape(N, M).sum(axis=0)
+    else:
+        db += dy.transpose(1, 0, 2).reshape(M, N * S).sum(axis=1)
 
 
 # -- elementwise ------------------------------------------------------------------------------
@@ -109,4 +143,13 @@ def sgd_step(w, g, h, momentum, local_rate, decay):
 
     g is only read (the solver clears parameter diffs before the next step).
     """
+    if hasattr(local_rate, "shape"):  # the rate in a 1-element array
+        local_rate = float(local_rate.reshape(-1)[0])
     sgd.sgd_step(w, g, h, momentum, local_rate, decay)
+
+
+def sgd_step_segments(w, g, h, offsets, momentum, rates, decays):
+    """sgd_step on each parameter's slice in turn."""
+    for s in range(len(rates)):
+        a, b = int(offsets[s]), int(offsets[s + 1])
+        sgd.sgd_step(w[a:b], g[a:b], h[a:b], momentum, float(rates[s]), float(decays[s]))

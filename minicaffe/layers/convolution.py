@@ -225,21 +225,22 @@ class Convolution(_ConvBase):
         K = self.channels // G * self.kh * self.kw
         P = n * self.out_h * self.out_w
         col = x.reshape(G * K, P) if self._pointwise and n == 1 else self._col.part(lane, G * K, P)
-        if n == 1:
-            dout = dy.reshape(M, P)
-        else:
-            dout = self._out.part(lane, M, P)
-            dout.reshape(M, n, -1)[...] = dy.reshape(n, M, -1).transpose(1, 0, 2)
         if lane:
             part = self._dparams.part(lane - 1, M * K + M)
             dw, db, beta = part[: M * K].reshape(M, K), part[M * K :], 0.0
         else:
             dw, db, beta = self.blobs[0].dev_diff.reshape(M, K), None, 1.0
-        if self.bias_term and self.param_propagate_down[1]:
-            if lane:
+        want_db = self.bias_term and self.param_propagate_down[1]
+        dout = dy.reshape(M, P) if n == 1 else self._out.part(lane, M, P)
+        if want_db and not lane:
+            # the bias gradient and the (n, M, S) -> (M, n*S) transpose the GEMMs read, in one pass
+            # (backend.bias_bwd: one launch on a GPU, where it was a copy, a sum and an add)
+            be.bias_bwd(dy.reshape(n, M, -1), self.blobs[1].dev_diff, None if n == 1 else dout)
+        else:
+            if n > 1:
+                dout.reshape(M, n, -1)[...] = dy.reshape(n, M, -1).transpose(1, 0, 2)
+            if want_db:
                 db[...] = dout.sum(axis=1)
-            else:
-                self.blobs[1].dev_diff[...] += dout.sum(axis=1)
         if self.param_propagate_down[0]:
             if not reuse and not (self._pointwise and n == 1):
                 self.im2col(x, col, self.out_h, self.out_w)  # forward's columns are gone

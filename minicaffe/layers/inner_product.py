@@ -76,7 +76,7 @@ class InnerProduct(Layer):
             else:
                 lanes.gemm(be, True, False, 1.0, dy, x, 1.0, self.blobs[0].dev_diff)
         if self.bias_term and self.param_propagate_down[1]:
-            self.blobs[1].dev_diff[...] += dy.sum(axis=0)
+            be.bias_bwd(dy.reshape(self.M, self.num_output, 1), self.blobs[1].dev_diff, None)  # one launch
         if propagate_down[0]:
             dx = bottom[0].dev_diff.reshape(self.M, self.K)
             lanes.gemm(be, False, self.transpose, 1.0, dy, self.blobs[0].dev_data, 0.0, dx)

@@ -118,6 +118,7 @@ class Solver:
         self._updater = None
         self.on_test_start = []  # callbacks (solver, test net index) before a test runs
         self._display_mark = None  # (clock, iteration) of the last display line + where step() ended
+        self._device_step = None  # enable_graph: minicaffe/solvers/graph.py
         self.requested_stop = False
         p = self.param
         lr_policy.check(p, "solver")
@@ -216,6 +217,10 @@ class Solver:
                 return
         raise SolverError(f"remove_callback: {callback!r} is not registered")
 
+    def run_callbacks(self, method, *args):
+        """Call ``method`` (one of CALLBACK_METHODS) on every registered callback object that has it."""
+        self._call(method, *args)
+
     def _call(self, method, *args):
         for cb in self.callbacks:
             fn = getattr(cb, method, None)
@@ -228,6 +233,12 @@ class Solver:
         if fn is not None and not callable(fn):
             raise SolverError(f"set_gradient_source: expected a function, got {type(fn).__name__}")
         self._gradient_source = fn
+
+    @property
+    def customized(self):
+        """What replaces the default loop's parts: the names of a custom gradient source and
+        updater, if set (a runtime's; enable_graph refuses them)."""
+        return [n for n, f in (("gradient source", self._gradient_source), ("updater", self._updater)) if f is not None]
 
     def set_updater(self, fn):
         """``fn(solver, rate)`` applies the update to the parameters; None restores
@@ -242,7 +253,25 @@ class Solver:
             return self.net.forward_backward()
         return self._gradient_source()
 
+    def enable_graph(self, mode="graph"):
+        """Run each iteration without the host waiting in it (minicaffe/solvers/graph.py):
+        ``"graph"`` captures it once as a CUDA graph and replays it (the cuda backend),
+        ``"check"`` runs it in capture mode (any host round trip raises: the simulator's proof),
+        ``"device"`` keeps the losses on the device.  ``disable_graph()`` goes back."""
+        from .graph import DeviceStep
+
+        self.disable_graph()
+        self._device_step = DeviceStep(self, mode)
+        return self._device_step
+
+    def disable_graph(self):
+        if self._device_step is not None:
+            self._device_step.close()
+            self._device_step = None
+
     def step(self, iters):
+        if self._device_step is not None:
+            return self._device_step.run(iters)
         p = self.param
         start_iter, stop_iter = self.iter, self.iter + int(iters)
         average = max(p.average_loss, 1)
@@ -305,6 +334,11 @@ class Solver:
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         self.log("Optimization Done.")
+
+    def update_smoothed_loss(self, loss, start_iter, average):
+        """Fold ``loss`` into the smoothed loss (Caffe's window of ``average`` losses; the slot is
+        that of iteration ``self.iter`` counted from ``start_iter``)."""
+        self._update_smoothed_loss(loss, start_iter, average)
 
     def _update_smoothed_loss(self, loss, start_iter, average):
         if len(self.losses) < average:
