@@ -108,6 +108,7 @@ def parse_run(out, batch, nodes, warmup=2):
     busy = node0["compute_s"] + node0["sync_s"]
     waited = node0["wait_s"] + pos["sfb_wait_s"]
     return {
+        "cpu": cpu_breakdown(dist["nodes"], warmup),
         "seconds_per_iter": per_iter,
         "images_per_s": batch / per_iter,
         "bytes_per_iter": sum(l["measured_bytes"] for l in pos["layers"].values()),
@@ -117,46 +118,298 @@ def parse_run(out, batch, nodes, warmup=2):
     }
 
 
-# -- the simulator, fed with each run's own per-layer times --------------------------------------
-def simulated(run, net, nodes, link, comm, wfbp, topology, batch=None):
-    from minicaffe import proto
-    from minicaffe.dist import simulate as sim
-    from minicaffe.parallel import with_synthetic_data
-    from minicaffe.tools.common import resolve_net
-
-    param = with_synthetic_data(proto.parse_file(resolve_net(net, "train_test"), "NetParameter"))
-    batch = (batch or next(lp.data_param.batch_size for lp in param.layer if lp.type == "Data")) // nodes
-    rows = {r["name"]: r for r in sim.flops_model(param, batch)}
-    fwd, bwd = {}, {}
-    for lane, name, t0, t1, _ in run["timeline"]:
-        if lane in ("forward", "backward"):
-            (fwd if lane == "forward" else bwd).setdefault(name, []).append(t1 - t0)
-    per_param = run.get("update_s_per_param", 2e-9)
-    layers = [sim.Layer("(iteration overhead)", overhead(run), 0.0)]
-    for name, r in rows.items():
-        lay = sim.Layer(name, statistics.median(fwd.get(name, [0.0])), statistics.median(bwd.get(name, [0.0])))
-        lay.count = r["count"]
-        lay.update = r["count"] * per_param
-        if r["type"] == "InnerProduct":
-            lay.m, lay.n, lay.k = r["m"], r["n"], r["k"]
-            lay.wgrad = lay.forward  # dW over K rows: the forward's GEMM, transposed
-        layers.append(lay)
-    l = sim.Link(sim.parse_rate(link), sim.parse_seconds(run.get("latency", DELAY)), topology=topology)
-    # P node processes share this machine's cores: a sync's CPU work comes out of the compute
-    busy = nodes > (os.cpu_count() or 1) // 2
-    return sim.simulate(layers, nodes, l, comm, wfbp == "on", cpu_overlap=not busy).period
+def cpu_breakdown(nodes, warmup=2):
+    """Where each node's CPU time went per iteration, from its marks at the start of every clock
+    (after ``warmup`` clocks): the compute thread (forward + backward, pushes), the shard's
+    updates, the SFB thread (rebuild + update), the rest of the process (transport threads:
+    framing, sendmsg/recv_into, TCP in the kernel), and the system share of the whole."""
+    out = {}
+    for rank, rep in nodes.items():
+        marks = [m for m in rep.get("cpu_marks", []) if m[0] >= warmup]
+        if len(marks) < 2:
+            continue
+        (c0, t0, u0, k0, b0), (c1, t1, u1, k1, b1) = marks[0], marks[-1]
+        n = c1 - c0
+        row = {"period_s": (t1 - t0) / n, "user_s": (u1 - u0) / n, "sys_s": (k1 - k0) / n}
+        threads = 0.0
+        for kind, (wall, cpu) in b1.items():
+            w0, c_0 = b0.get(kind, [0.0, 0.0])
+            row[f"{kind}_wall_s"] = (wall - w0) / n
+            row[f"{kind}_cpu_s"] = (cpu - c_0) / n
+            threads += row[f"{kind}_cpu_s"]
+        row["other_cpu_s"] = max(row["user_s"] + row["sys_s"] - threads, 0.0)
+        out[rank] = row
+    if out:
+        period = out.get("0", next(iter(out.values())))["period_s"]
+        total = sum(r["user_s"] + r["sys_s"] for r in out.values())
+        out["machine"] = {"cpu_s": total, "cores": os.cpu_count(), "busy_share": total / (period * os.cpu_count())}
+    return out
 
 
-def overhead(run):
-    """Node 0's time per iteration outside the layers and the waits (data, the solver's loop,
-    Python): the median over recorded iterations of period - layer times - waiting."""
-    ev = run["timeline"]
-    starts = sorted((e[4], e[2]) for e in ev if e[0] == "iteration")
+def cpu_table(results):
+    """Per run: node-average CPU seconds per iteration by thread, and how busy the machine was."""
+    lines = [
+        f"{'net':<16} {'P':>2} {'link':>7} {'mode':<12} {'ms/iter':>8} {'compute':>8} {'shard':>7} {'sfb':>7} "
+        f"{'other':>7} {'(sys)':>7} {'cores busy':>10}"
+    ]
+    for key, r in results.items():
+        cpu = r.get("cpu")
+        if not cpu or "machine" not in cpu:
+            continue
+        net, nodes, link, comm, wfbp = key.split("|")
+        rows = [v for k, v in cpu.items() if k != "machine"]
+
+        def mean(field, rows=rows):
+            return 1e3 * sum(x.get(field, 0.0) for x in rows) / len(rows)
+
+        lines.append(
+            f"{net:<16} {nodes:>2} {link:>7} {label(comm, wfbp):<12} {1e3 * r['seconds_per_iter']:>8.1f} "
+            f"{mean('compute_cpu_s'):>8.1f} {mean('server_cpu_s'):>7.1f} {mean('sfb_cpu_s'):>7.1f} "
+            f"{mean('other_cpu_s'):>7.1f} {mean('sys_s'):>7.1f} {100 * cpu['machine']['busy_share']:>9.0f}%"
+        )
+    return "\n".join(lines)
+
+
+# -- the simulator, calibrated from measurements of its own -----------------------------------------
+def _median_time(fn, repeat=5, warmup=1):
+    for _ in range(warmup):
+        fn()
     out = []
-    for (c, t), (_, t_next) in zip(starts, starts[1:]):
-        busy = sum(e[3] - e[2] for e in ev if e[4] == c and e[0] in ("forward", "backward", "wait"))
-        out.append(t_next - t - busy)
-    return max(statistics.median(out), 0.0) if out else 0.0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def calibrate_net(net_name, nodes, batch=None, iters=10):
+    """One node's share of the work, measured alone on one core (no other node running):
+    per-layer forward/backward at the per-node batch (``python -m minicaffe.time``'s loop),
+    the rest of a Solver iteration, each FC layer's weight-gradient GEMM, and the CPU part of
+    each layer's sync on ``nodes`` nodes done as the runtime does it (PS: scale the gradient,
+    sum P slices, update 1/P, copy the fresh slice; SFB: the tiled rebuild + update over P
+    nodes' rows). -> a dict the simulator's layers are made from."""
+    import numpy as np
+
+    from minicaffe import proto
+    from minicaffe.dist import cost
+    from minicaffe.dist.sfb import rebuild_sgd_step, tile_for
+    from minicaffe.parallel import with_synthetic_data
+    from minicaffe.parallel.replica import shard_bounds
+    from minicaffe.solvers import get_solver
+    from minicaffe.tools.common import resolve_net, resolve_solver
+    from minicaffe.tools.timing import time_layers
+
+    npar = with_synthetic_data(proto.parse_file(resolve_net(net_name, "train_test"), "NetParameter"), count=1024)
+    data = next(lp for lp in npar.layer if lp.type == "Data")
+    global_batch = batch or data.data_param.batch_size
+    per_node = max(hi - lo for lo, hi in shard_bounds(global_batch, nodes))
+    for lp in npar.layer:
+        if lp.type == "Data":
+            lp.data_param.batch_size = per_node
+    sp = proto.parse_file(resolve_solver(net_name), "SolverParameter")
+    sp.clear("net")
+    sp.clear("test_iter")
+    sp.net_param = npar
+    sp.test_interval, sp.display, sp.snapshot, sp.snapshot_after_train = 0, 0, 0, False
+    solver = get_solver(sp, log=lambda m: None)
+    net = solver.net
+    be = net.backend
+    fwd, bwd, _ = time_layers(net, iters, warmup=3)
+    t_step = _median_time(lambda: solver.step(1), repeat=iters, warmup=2)
+    geo = {c.index: c for c in cost.plan(net, nodes, comm="hybrid")}
+    layers = []
+    for i, layer in enumerate(net.layers):
+        f, b = statistics.median(fwd[i]), statistics.median(bwd[i])
+        if i == 0 and layer.type == "Data":
+            f *= nodes  # a node reads the global batch and keeps its slice
+        row = {"name": layer.name, "forward": f, "backward": b, "count": 0}
+        c = geo.get(i)
+        if c is not None:
+            blobs = [net.learnable_params[k] for k in c.params]
+            row.update(count=c.count, blobs=len(blobs))
+            w = np.ones(c.count, np.float32)
+            g, h = np.ones_like(w), np.zeros_like(w)
+            row["update"] = _median_time(lambda: be.sgd_step(w, g, h, 0.9, 0.01, 5e-4))
+
+            def ps_part(blobs=blobs):  # Node.push's scaling, the shard's _reduce + update + copy
+                for blob in blobs:
+                    n = blob.count
+                    lo, hi = shard_bounds(n, nodes)[0]
+                    full = blob.flat_diff
+                    full *= 1.0
+                    parts = [np.ones(hi - lo, np.float32) for _ in range(nodes)]
+                    d, ws, hs = (
+                        np.empty(hi - lo, np.float32),
+                        np.ones(hi - lo, np.float32),
+                        np.zeros(hi - lo, np.float32),
+                    )
+
+                    def run(parts=parts, d=d, ws=ws, hs=hs, full=full, lo=lo, hi=hi, blob=blob):
+                        full[...] *= 1.0
+                        d[...] = parts[0]
+                        for q in parts[1:]:
+                            d += q
+                        be.sgd_step(ws, d, hs, 0.9, 0.01, 5e-4)
+                        blob.flat_data[lo:hi] = ws
+
+                    yield run
+
+            runs = list(ps_part())
+            row["sync_cpu"] = {"ps": _median_time(lambda runs=runs: [r() for r in runs])}
+            if c.sfb_ok:
+                m, n, k = c.m, c.n, c.k
+                row.update(m=m, n=n, k=k)
+                x = np.asarray(net.bottom_vecs[i][0].data).reshape(k, n)
+                dy = np.asarray(net.top_vecs[i][0].diff).reshape(k, m)
+                dW = np.zeros((m, n), np.float32)
+                row["wgrad"] = _median_time(lambda: be.gemm(True, False, 1.0, dy, x, 1.0, dW))
+                U = np.ones((nodes * k, m), np.float32) * 1e-3
+                V = np.ones((nodes * k, n), np.float32)
+                W, H = np.ones(m * n, np.float32), np.zeros(m * n, np.float32)
+                tile = tile_for(m, n, np.float32)
+                bias = np.zeros(m, np.float32)
+
+                def sfb_part():
+                    rebuild_sgd_step(U, V, W, H, 0.9, 0.01, 5e-4, be.gemm, be.sgd_step, tile)
+                    bias[...] = U.sum(axis=0)
+
+                row["sync_cpu"]["sfb"] = _median_time(sfb_part, repeat=3)
+                del W, H, dW
+        layers.append(row)
+    layer_s = sum(r["forward"] + r["backward"] for r in layers) - (nodes - 1) * layers[0]["forward"] / nodes
+    update_s = sum(r.get("update", 0.0) for r in layers)
+    overhead = max(t_step - layer_s - update_s, 0.0)
+    return {"net": net_name, "nodes": nodes, "global_batch": global_batch, "per_node_batch": per_node,
+            "layers": layers, "overhead": overhead, "step_s": t_step}  # fmt: skip
+
+
+def tcp_cpu_per_byte(use_ns, mb=32):
+    """CPU seconds per byte moved, both ends (``python -m minicaffe.dist.linkcheck``): through the
+    emulated cluster's veth + bridge + tc where namespaces exist, else loopback."""
+    env = dict(os.environ, PYTHONPATH=ROOT, MINICAFFE_DIST_SECRET="calibrate")
+    check = [sys.executable, "-m", "minicaffe.dist.linkcheck", "--mb", str(mb), "--rounds", "5"]
+    if use_ns:
+        cmd = [sys.executable, "-m", "minicaffe.dist.emulate", "--nodes", "2", "--bandwidth", "10gbit", "--", *check]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    from minicaffe.dist.launch import free_port
+
+    e = dict(env, MINICAFFE_WORLD_SIZE="2", MINICAFFE_RENDEZVOUS=f"127.0.0.1:{free_port()}")
+    p1 = subprocess.Popen(check, env=dict(e, MINICAFFE_RANK="1"), cwd=ROOT)
+    r = subprocess.run(check, env=dict(e, MINICAFFE_RANK="0"), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    p1.wait(60)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def frame_cpu_from_run(tcp_byte, nodes=4, iters=40):
+    """The CPU one frame costs inside a training run (both ends), from a run that is not part of
+    the validation: LeNet, plain PS, ``nodes`` nodes on loopback with no link limit. linkcheck's
+    back-to-back frames cost less than frames that each wake a sender and a receiver thread on
+    busy cores; this is the one parameter the simulator takes from a training run:
+    2 x (the transport's CPU per node per iteration - its bytes' cost) / its frames."""
+    from minicaffe.dist.cost import plan
+    from minicaffe.net import Net
+
+    with tempfile.TemporaryDirectory(prefix="poseidon-calibrate-") as work:
+        solver, _ = synthetic_solver("lenet", work, iters)
+        out = os.path.join(work, "run")
+        cmd = [sys.executable, "-m", "minicaffe.train", solver, "--iters", str(iters), "--test-interval", "0"]
+        cmd += ["--no-plot", "--output", out, "--force", "--comm", "ps", "--wfbp", "off", "--nodes", str(nodes)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), cwd=work)
+        if r.returncode != 0:
+            raise SystemExit(f"calibration run failed:\n{(r.stdout + r.stderr)[-2000:]}")
+        recs = [json.loads(line) for line in open(os.path.join(out, "train_log.jsonl"))]
+        dist = next(x for x in recs if x.get("kind") == "dist")
+        from minicaffe import proto
+
+        net = Net(proto.parse_file(os.path.join(work, "lenet_net.prototxt"), "NetParameter"), "TRAIN")
+        blobs = sum(len(c.params) for c in plan(net, nodes))
+    cpu = cpu_breakdown(dist["nodes"])
+    rows = [v for k, v in cpu.items() if k != "machine"]
+    other = statistics.mean(v["other_cpu_s"] for v in rows)
+    nbytes = statistics.mean(v["bytes_per_iter"] for v in dist["nodes"].values())
+    frames = 4 * (nodes - 1) * blobs
+    return {
+        "run": f"lenet, --comm ps --wfbp off, {nodes} nodes on loopback, no link limit, {iters} iterations",
+        "transport_cpu_s_per_iter": other,
+        "bytes_per_iter": nbytes,
+        "frames_per_iter": frames,
+        "cpu_s_per_frame": max(2 * (other - nbytes / 2 * tcp_byte) / frames, 0.0),
+    }
+
+
+def calibrate(nets, nodes_list, batch, out):
+    """Everything the simulator needs, measured alone (no node run in between): ``--calibrate``."""
+    from minicaffe.parallel import blas
+
+    blas.set_threads(1)  # as each node of 2 or 4 on this machine's 2 cores (launch.blas_threads)
+    use_ns = namespaces_ok() is None
+    doc = {"cores": os.cpu_count(), "load_before": os.getloadavg(), "nets": {}}
+    for key, ns in (("tcp", use_ns), ("tcp_loopback", False)):  # the namespaces' path; the limiter's
+        link = tcp_cpu_per_byte(ns)
+        doc[key] = {"path": "veth + bridge + tc" if ns else "loopback", **link}
+        print(
+            f"transport CPU: {1e9 * link['cpu_s_per_byte']:.2f} ns per byte, {1e6 * link['cpu_s_per_frame']:.1f} us "
+            f"per frame, both ends; round trip {1e6 * link['round_trip_s']:.0f} us ({doc[key]['path']})",
+            flush=True,
+        )
+    run = frame_cpu_from_run(doc["tcp_loopback"]["cpu_s_per_byte"])
+    doc["frame_run"] = run
+    print(f"one frame in a training run: {1e6 * run['cpu_s_per_frame']:.0f} us of CPU, both ends ({run['run']})")
+    for net in nets:
+        for nodes in nodes_list:
+            c = calibrate_net(net, nodes, batch)
+            doc["nets"][f"{net}|{nodes}"] = c
+            print(
+                f"{net} on {nodes} nodes: {c['per_node_batch']} per node, layers "
+                f"{1e3 * sum(r['forward'] + r['backward'] for r in c['layers']):.1f} ms, step {1e3 * c['step_s']:.1f} ms",
+                flush=True,
+            )
+    doc["load_after"] = os.getloadavg()
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    return doc
+
+
+def predicted(calib, net, nodes, link, comm, wfbp, topology, latency):
+    """The simulator's seconds per iteration for one run, from the calibration alone."""
+    from minicaffe.dist import simulate as sim
+
+    c = calib["nets"].get(f"{net}|{nodes}")
+    if c is None:
+        return None
+    layers = [sim.Layer("(iteration overhead)", c["overhead"], 0.0)]
+    for r in c["layers"]:
+        lay = sim.Layer(r["name"], r["forward"], r["backward"], r["count"], r.get("m"), r.get("n"), r.get("k"))
+        lay.update, lay.wgrad, lay.sync_cpu = r.get("update", 0.0), r.get("wgrad"), r.get("sync_cpu")
+        lay.blobs = r.get("blobs", 2)
+        layers.append(lay)
+    tcp = calib["tcp_loopback" if topology == "mesh" else "tcp"]  # the limiter runs on loopback
+    frame = calib["frame_run"]["cpu_s_per_frame"] if "frame_run" in calib else tcp["cpu_s_per_frame"]
+    host = sim.Host(calib["cores"], tcp["cpu_s_per_byte"], frame)
+    from minicaffe.dist.emulate import tbf_burst
+    from minicaffe.dist.transport import TokenBucket
+
+    rate = sim.parse_rate(link)
+    # the shapers' buckets: tc tbf on each node's link (star), or the transport's per peer (mesh)
+    burst = tbf_burst(rate) if topology == "star" else (nodes - 1) * TokenBucket.default_burst(rate)
+    # a message's latency: the wire's (none where tc has no netem) + half linkcheck's round trip
+    # of a small request through both nodes' threads
+    lat = sim.parse_seconds(latency) + tcp.get("round_trip_s", 0.0) / 2
+    ln = sim.Link(rate, lat, topology=topology, burst=burst)
+    return sim.simulate(layers, nodes, ln, comm, wfbp == "on", host=host).period
+
+
+def slim(results, clocks=2):
+    """Keep what the tables and plots read: the timeline of the first ``clocks`` recorded
+    iterations only (the timeline plots show two)."""
+    for r in results.values():
+        ev = r.get("timeline")
+        if ev:
+            keep = sorted({e[4] for e in ev})[:clocks]
+            r["timeline"] = [e for e in ev if e[4] in keep]
+    return results
 
 
 # -- tables and plots -----------------------------------------------------------------------------
@@ -270,8 +523,18 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "poseidon_results.json"))
     p.add_argument("--report", help="print the tables and draw the plots of a results file, run nothing")
+    p.add_argument(
+        "--calibration",
+        default=os.path.join(ROOT, "benchmarks", "poseidon_calibration.json"),
+        help="the simulator's inputs, measured by --calibrate (read for the validation table)",
+    )
+    p.add_argument("--calibrate", action="store_true", help="measure the simulator's inputs for --nets x --nodes")
     args = p.parse_args(argv)
-    from minicaffe.dist import simulate as sim
+    if args.calibrate:
+        print(f"load before: {os.getloadavg()}")
+        calibrate(args.nets, args.nodes, args.batch, args.calibration)
+        print(f"wrote {args.calibration}; load after: {os.getloadavg()}")
+        return 0
 
     if args.report:
         with open(args.report) as f:
@@ -306,17 +569,26 @@ def main(argv=None):
                             msg = r.get("error", "")[-200:] or f"{r['images_per_s']:.1f} images/s, {r['wall_s']:.0f} s"
                             print(f"{key}: {msg}", flush=True)
                             with open(args.out, "w") as f:
-                                json.dump({"results": results}, f)
+                                json.dump({"results": slim(results)}, f)
         doc = {"results": results}
-    per_param = sim.update_seconds_per_param()  # memory-bound: measured here, now
+    calib = None
+    if os.path.exists(args.calibration):
+        with open(args.calibration) as f:
+            calib = json.load(f)
     for key, r in results.items():
-        if "error" in r:
+        r.pop("predicted_s", None)
+        if "error" in r or calib is None:
             continue
-        r["update_s_per_param"] = per_param
         net, nodes, link, comm, wfbp = key.split("|")
-        net = net.split("@")[0]
-        r["predicted_s"] = simulated(r, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), r.get("batch"))
+        lat = r.get("latency", DELAY)
+        pred = predicted(calib, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), lat)
+        if pred is not None:
+            r["predicted_s"] = pred
     print(table(results))
+    print()
+    print("CPU ms per iteration, mean over nodes (compute thread, shard updates, SFB thread, the rest")
+    print("of the process: transport threads and the kernel's TCP; sys = the system part of all):")
+    print(cpu_table(results))
     print()
     print("simulator validation (per-layer times from each run, the link, the WFBP schedule):")
     print(validation(results))
@@ -332,7 +604,7 @@ def main(argv=None):
             )
     if not args.report:
         with open(args.out, "w") as f:
-            json.dump(doc, f)
+            json.dump({"results": slim(results)}, f)
     return 0
 
 

@@ -77,4 +77,8 @@ def test_namespace_cluster_shapes_the_link_and_cleans_up():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     link = 200e6 / 8
     assert 0.8 * link < out["transport_Bps"] < 1.05 * link, out
+    # the CPU both ends spent per byte (framing, copies, TCP, veth + bridge): real, and far below
+    # what a link of this rate could hide (20 ns per byte = 50 MB per CPU second)
+    assert 0 < out["cpu_s_per_byte"] < 2e-8, out
+    assert 0 < out["cpu_s_per_frame"] < 1e-3, out  # a frame's fixed cost: microseconds, not a millisecond
     assert set(emulate.leftovers()) == before  # every namespace of the run is gone

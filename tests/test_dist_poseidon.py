@@ -222,3 +222,42 @@ def test_factors_accumulate_over_iter_size():
     sfb.rebuild(f, wg, bg)
     assert rel_err(wg, net.layers[i].blobs[0].diff) < 1e-5
     assert rel_err(bg, net.layers[i].blobs[1].diff) < 1e-5
+
+
+def test_rebuild_sgd_step_equals_rebuild_then_the_sgd_update():
+    """The fused tile path: SGD's step on U^T V without the M x N gradient, for tiles that do
+    and do not divide the rows; equal to rebuild() + kernels' sgd_step on the whole gradient."""
+    from minicaffe import backend
+
+    be = backend.get()
+    rng = np.random.default_rng(3)
+    for rows_k, m, n, tile_rows in ((12, 7, 5, 3), (8, 10, 4, 10), (5, 9, 6, 4)):
+        U = rng.standard_normal((rows_k, m)).astype(np.float32)
+        V = rng.standard_normal((rows_k, n)).astype(np.float32)
+        w0 = rng.standard_normal(m * n).astype(np.float32)
+        h0 = rng.standard_normal(m * n).astype(np.float32)
+        g = np.empty((m, n), np.float32)
+        sfb.rebuild(sfb.SufficientFactors(U, V), g, gemm=be.gemm)
+        w_ref, h_ref = w0.copy(), h0.copy()
+        be.sgd_step(w_ref, g.reshape(-1), h_ref, 0.9, 0.01, 5e-4)
+        w, h = w0.copy(), h0.copy()
+        sfb.rebuild_sgd_step(U, V, w, h, 0.9, 0.01, 5e-4, be.gemm, be.sgd_step, np.empty((tile_rows, n), np.float32))
+        np.testing.assert_allclose(w, w_ref, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(h, h_ref, rtol=1e-5, atol=1e-7)
+    assert sfb.tile_for(4096, 9216, np.float32).shape == (56, 9216)  # 2 MiB of whole rows
+
+
+def test_wfbp_auto_is_off_only_where_nodes_outnumber_cores(monkeypatch):
+    from argparse import Namespace
+
+    from minicaffe.dist.launch import wfbp_setting
+
+    args = Namespace(wfbp="auto", workers=1)
+    monkeypatch.setenv("MINICAFFE_LOCAL_NODES", "1")  # a machine per node
+    assert wfbp_setting(args, 4) == (True, "auto")
+    assert wfbp_setting(args, 1)[0] is False  # one node has nothing to overlap
+    monkeypatch.setenv("MINICAFFE_LOCAL_NODES", "100000")  # every core already computing
+    on, why = wfbp_setting(args, 4)
+    assert not on and "nothing to overlap" in why
+    assert wfbp_setting(Namespace(wfbp="on", workers=1), 4) == (True, "--wfbp on")  # as given, always
+    assert wfbp_setting(Namespace(wfbp="off", workers=1), 4) == (False, "--wfbp off")

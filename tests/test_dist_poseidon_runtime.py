@@ -133,6 +133,7 @@ def test_every_mode_computes_what_one_process_computes(bsp_reference, world, com
             digests.setdefault((solver.iter, i), {})[rank] = solver.net.learnable_params[i].data.tobytes()
 
     solvers, nodes, pos = run(world, comm, wfbp, workers=workers, watch=watch)
+    assert pos[0].fused_sgd  # Caffe's LeNet solver: plain SGD, L2 decay
     for s in solvers:
         assert_matches(s, bsp_reference)
     want_sfb = {"ps": [], "hybrid": ["ip1"], "sfb": ["ip1", "ip2"]}[comm]
@@ -145,6 +146,34 @@ def test_every_mode_computes_what_one_process_computes(bsp_reference, world, com
         measured = p.measured_bytes(3)
         for name, (rule, headers) in p.predicted_bytes().items():
             assert abs(measured[name] - (rule + headers)) <= 0.05 * (rule + headers), (p.rank, name)
+
+
+@pytest.mark.parametrize("rule", ["Nesterov", pytest.param("Adam", marks=pytest.mark.slow)])
+def test_sfb_layers_follow_any_rule(rule):
+    """Rules other than plain SGD rebuild the whole gradient and run the Solver's own update
+    (plain SGD takes the fused tile path, checked above): both equal one process."""
+    fields = {"type": rule} | ({"base_lr": 0.001, "momentum2": 0.999} if rule == "Adam" else {})
+    ref = lenet_solver(3, **fields)
+    ref.step(3)
+    want = [p.data.copy() for p in ref.net.learnable_params]
+    solvers, nodes, pos = run(2, "sfb", True, **fields)
+    assert not pos[0].fused_sgd
+    for s in solvers:
+        assert_matches(s, want)
+
+
+def test_sfb_replicas_skip_their_own_weight_gradient():
+    """The rebuilt gradient replaces an SFB layer's own: the replicas do not compute it, the
+    plain SGD rule takes the fused path, and the update writes the node's parameters in place."""
+    solvers, nodes, pos = run(2, "hybrid", False, iters=1)
+    p = pos[0]
+    assert p.fused_sgd
+    (l,) = p.sfb
+    assert p.replicas[0].layers[l].param_propagate_down == [False, False]
+    ps_layer = p.replicas[0].layer_names.index("ip2")
+    assert p.replicas[0].layers[ps_layer].param_propagate_down == [True, True]
+    for i in p.sfb_blobs:
+        assert np.shares_memory(p.sfb_net.learnable_params[i].flat_data, nodes[0].params(i))
 
 
 def test_start_up_prints_the_plan_and_bytes_table():

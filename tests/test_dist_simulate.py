@@ -49,11 +49,28 @@ def test_a_free_network_gives_linear_speedup(comm, wfbp):
 
 
 def test_sfb_rebuild_costs_p_weight_gradients():
-    # over a free network SFB still rebuilds from P nodes' rows: P x the layer's dW GEMM (here 2 ms)
+    # over a free network SFB still rebuilds from P nodes' rows: P x the layer's dW GEMM (here
+    # 2 ms), and the node skips its own dW (the rebuilt gradient replaces it)
     layers = chain((1e-3, 4e-3, 5000, (50, 100, 8)))
     for p in (2, 4):
         r = sim.simulate(layers, p, FREE, "sfb", wfbp=False)
-        assert r.period == pytest.approx(5e-3 + p * 2e-3)
+        assert r.period == pytest.approx(5e-3 - 2e-3 + p * 2e-3)
+    layers[0].sync_cpu = {"sfb": 1e-3}  # measured rebuild + update: used as it is
+    assert sim.simulate(layers, 4, FREE, "sfb", wfbp=False).period == pytest.approx(3e-3 + 1e-3)
+
+
+def test_nodes_sharing_cores():
+    # 4 nodes on 2 cores: compute runs at half speed; the period is at least everyone's CPU / cores
+    layers = chain((1e-3, 2e-3, 1000))
+    host = sim.Host(cores=2)
+    r = sim.simulate(layers, 4, FREE, "ps", wfbp=False, host=host)
+    assert r.period == pytest.approx(2 * 3e-3)
+    assert sim.simulate(layers, 2, FREE, "ps", wfbp=False, host=host).period == pytest.approx(3e-3)
+    # moving bytes costs CPU: 1000 floats -> PS moves 2 x 1000 x 6/4 x 4 B = 12 kB per node
+    link = sim.Link(1e12, 0.0)
+    busy = sim.Host(cores=2, tcp_cpu=1e-6)  # 1 us per byte: 6 ms of CPU per node for its 6 kB each way
+    r = sim.simulate(layers, 4, link, "ps", wfbp=True, host=busy)
+    assert r.period == pytest.approx(4 * (3e-3 + 6e-3) / 2)  # bound by the cores, not the link
 
 
 def test_one_layer_has_nothing_to_overlap():

@@ -59,6 +59,13 @@ def _run(*cmd):
     return r.stdout
 
 
+def tbf_burst(rate_bytes):
+    """tbf's bucket for a link of ``rate_bytes``/s: a whole GSO segment (64 KiB) and a tick's worth
+    of bytes at least, 10 ms of traffic (after an idle spell that much passes at once: the
+    simulator models it, ``simulate.Link.burst``)."""
+    return int(max(256 * 1024, rate_bytes / 100))
+
+
 class Cluster:
     """``with Cluster(4, "1gbit", "0.1ms") as c: c.popen(rank, argv, env)``; removed on exit."""
 
@@ -118,8 +125,7 @@ class Cluster:
                 "this kernel has no netem qdisc (sch_netem): links are rate-shaped with tbf, "
                 f"the {self.delay} latency is not emulated"
             )
-        # tbf: the bucket must hold a whole GSO segment (64 KiB) and a tick's worth of bytes
-        burst = int(max(256 * 1024, self.rate_bytes / 100))
+        burst = tbf_burst(self.rate_bytes)
         _run(*tc, "tbf", "rate", f"{rate_bit}bit", "burst", str(burst), "latency", "200ms")
 
     def _build(self):

@@ -58,10 +58,32 @@ def add_arguments(parser):
     )
     g.add_argument(
         "--wfbp",
-        choices=("on", "off"),
-        default="off",
-        help="wait-free backprop: sync each layer as soon as its backward is done (default off)",
+        choices=("on", "off", "auto"),
+        default="auto",
+        help="wait-free backprop: sync each layer as soon as its backward is done (default auto: on, unless "
+        "this machine's nodes outnumber its cores, where nothing is left to overlap)",
     )
+
+
+def wfbp_setting(args, world=2):
+    """-> (on?, why): ``--wfbp on|off`` as given; ``auto`` (the default) is on across nodes,
+    except where the node processes on this machine (x their worker threads) outnumber its
+    cores. WFBP overlaps a layer's sync with the backward below it, which needs a core to
+    communicate on while the compute thread computes; with every core already computing there
+    is nothing to overlap, and the sends, receives and updates interleaved with the backward
+    only cost thread switches (measured: 4 nodes on 2 cores, LeNet and CIFAR-10 quick, 6-20%
+    slower with WFBP; docs/POSEIDON.md)."""
+    value = getattr(args, "wfbp", None) or "auto"
+    if value != "auto":
+        return value == "on", f"--wfbp {value}"
+    if world < 2:
+        return False, "auto: one node"
+    from ..parallel import blas
+
+    busy, cores = local_nodes() * max(1, getattr(args, "workers", 1) or 1), blas.cores()
+    if busy > cores:
+        return False, f"auto: {busy} busy threads on {cores} cores leave nothing to overlap"
+    return True, "auto"
 
 
 def _env_int(name):
@@ -212,6 +234,7 @@ def make_transport(args, solver, log):
 
     limit = max(max(p.count for p in solver.net.learnable_params) * solver.net.dtype.itemsize, frame_limit(solver.net))
     config = config_hashes(solver)
+    config["communication"] = f"--comm {args.comm}, --wfbp {args.wfbp or 'auto'}"  # every node must agree
     link = None
     if args.link:
         link = (parse_rate(args.link), parse_delay(args.link_delay))
@@ -302,7 +325,9 @@ def train(solver, args, log, out_dir=None):
     resume = bool(getattr(args, "resume", None)) and rank == 0
     threads = blas_threads(args.workers)
     log(f"node {rank}: BLAS threads {threads} ({local_nodes()} node(s) on this machine, {args.workers} worker(s) each)")
-    wfbp = args.wfbp == "on"
+    wfbp, why = wfbp_setting(args, world)
+    if rank == 0:
+        log(f"WFBP {'on' if wfbp else 'off'} ({why})")
     slots = args.staleness + 2 if wfbp else None  # WFBP: the next clock's gradients go to another slot
     node = Node(
         solver, transport, staleness=args.staleness, workers=args.workers, log=log, resume=resume, gradient_slots=slots

@@ -44,7 +44,7 @@ from ..solvers import solver_class
 from . import cost
 from . import frames as F
 from .ps import ShardNet
-from .sfb import SufficientFactors, rebuild
+from .sfb import SufficientFactors, rebuild, rebuild_sgd_step, tile_for
 from .transport import DistError
 
 
@@ -135,12 +135,26 @@ class Poseidon:
             self.worker_rows[l] = [((a - base) * per_item, (b - base) * per_item) for a, b in bounds]
         sizes = [node.layout.counts[i] if i in self.sfb_blobs else 0 for i in range(node.n_blobs)]
         self.sfb_net = ShardNet(solver.net, sizes)
+        for i in self.sfb_blobs:  # the update writes the node's parameter vector itself: no copy
+            blob = self.sfb_net.learnable_params[i]
+            blob.attach(node.params(i), blob.flat_diff)
+        # An SFB layer's own weight gradient is never used (every node rebuilds the summed one
+        # from the factors): the replicas skip computing it (Caffe's param_propagate_down), which
+        # saves a GEMM and an M x N write per layer per iteration on every node.
+        for rep_net in self.replicas:
+            for l in self.sfb:
+                layer = rep_net.layers[l]
+                layer.param_propagate_down = [False] * len(layer.param_propagate_down)
         sp = p.copy()
         for f in ("test_iter", "test_net", "test_net_param", "test_state"):
             sp.clear(f)
         sp.random_seed = -1
         sp.clip_gradients = -1
         self.sfb_solver = solver_class(solver.type)(sp, train_net=self.sfb_net, log=_quiet)
+        # plain SGD with L2 decay: the rebuild and the update in one pass over row tiles
+        # (``_step_sgd``); any other rule rebuilds the whole gradient, then runs the Solver's own
+        self.fused_sgd = solver.type == "SGD" and sp.regularization_type == "L2"
+        self.tiles = {}  # layer -> a tile of rebuilt gradient rows (fits in the cache)
         self.version = {l: 0 for l in self.sfb}  # clocks applied to each SFB layer
         self.arrivals = {}  # (clock, layer) -> blocks here (own block counts one)
         self.ready = []  # (clock, layer) with every block here
@@ -188,8 +202,6 @@ class Poseidon:
                 self.timeline.append(("iteration", "", self._now(), self._now(), solver.iter))
         if not self.started:  # the Node has started: W holds the run's initial parameters
             self.started = True
-            for i in self.sfb_blobs:
-                self.sfb_net.learnable_params[i].flat_data[...] = self.node.params(i)
             self._resume_history(solver)
             self.sfb_solver.iter = solver.iter
             self.sfb_solver.current_step = solver.current_step
@@ -416,27 +428,39 @@ class Poseidon:
             node.failed(f"the SFB thread on node {self.rank} failed: {type(exc).__name__}: {exc}")
 
     def _apply(self, clock, l):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self._rebuild_and_update(clock, l)
+        with self.node.cv:
+            busy = self.node.busy.setdefault("sfb", [0.0, 0.0])
+            busy[0] += time.perf_counter() - t0
+            busy[1] += time.thread_time() - c0
+
+    def _rebuild_and_update(self, clock, l):
         s = self.sfb[l]
         slot = clock % self.slots
         ss, net = self.sfb_solver, self.sfb_net
         if ss.iter != clock or not hasattr(self, "_rate"):
             ss.iter = clock
             self._rate = ss.learning_rate()
-        w = net.learnable_params[s.blobs[0]]
-        wshape = (s.n, s.m) if s.transpose else (s.m, s.n)
         bias = net.learnable_params[s.blobs[1]].flat_diff if len(s.blobs) > 1 else None
-        rebuild(
-            SufficientFactors(s.U[slot], s.V[slot]),
-            w.flat_diff.reshape(wshape),
-            bias,
-            transpose=s.transpose,
-            gemm=self.solver.net.backend.gemm,
-        )
-        for i in s.blobs:
-            ss.update_parameter(i, self._rate)
-        with self.node.cv:
+        if self.fused_sgd:
+            self._step_sgd(s, slot, self._rate)
+            if bias is not None:
+                bias[...] = s.U[slot].sum(axis=0)
+                ss.update_parameter(s.blobs[1], self._rate)
+        else:
+            w = net.learnable_params[s.blobs[0]]
+            wshape = (s.n, s.m) if s.transpose else (s.m, s.n)
+            rebuild(
+                SufficientFactors(s.U[slot], s.V[slot]),
+                w.flat_diff.reshape(wshape),
+                bias,
+                transpose=s.transpose,
+                gemm=self.solver.net.backend.gemm,
+            )
             for i in s.blobs:
-                self.node.params(i)[...] = net.learnable_params[i].flat_data
+                ss.update_parameter(i, self._rate)
+        with self.node.cv:  # (the parameters were updated in place, in the node's vector)
             self.version[l] = clock + 1
             self.node.cv.notify_all()
         with self.lock:
@@ -444,6 +468,29 @@ class Poseidon:
         if t0 is not None:
             with self.lock:
                 self.timeline.append(("sync", s.name, t0, self._now(), clock))
+
+    def _step_sgd(self, s, slot, rate):
+        """SGD's fused step on the rebuilt gradient, a tile of rows at a time (sfb.rebuild_sgd_step:
+        the M x N gradient is never written to memory). Equal to rebuild() + the Solver's
+        SGDSolver.update_parameter (iter_size is 1 with SFB)."""
+        a, b = (s.V[slot], s.U[slot]) if s.transpose else (s.U[slot], s.V[slot])
+        tile = self.tiles.get(s.index)
+        if tile is None:
+            tile = self.tiles[s.index] = tile_for(a.shape[1], b.shape[1], a.dtype)
+        i = s.blobs[0]
+        ss, net, be = self.sfb_solver, self.sfb_net, self.solver.net.backend
+        rebuild_sgd_step(
+            a,
+            b,
+            net.learnable_params[i].flat_data,
+            ss.history[0][i].reshape(-1),
+            ss.param.momentum,
+            rate * net.params_lr[i],
+            ss.param.weight_decay * net.params_weight_decay[i],
+            be.gemm,
+            be.sgd_step,
+            tile,
+        )
 
     def _wait_layer(self, l, version):
         t0 = time.perf_counter()

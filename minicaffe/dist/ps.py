@@ -61,6 +61,7 @@ slices to their shards (HIST); before a snapshot it asks every shard for its his
 and writes the Solver's usual snapshot, which another run (or one process) can resume.
 """
 
+import resource
 import threading
 import time
 
@@ -246,6 +247,11 @@ class Node:
         self.wait_time = np.zeros(self.n_blobs)
         self.compute_time = 0.0
         self.sync_time = 0.0
+        # where the CPU goes: [wall s, thread CPU s] per busy thread kind (the compute thread's
+        # forward/backward, this shard's updates; Poseidon adds its SFB thread), and at the start
+        # of every clock (clock, wall s, process user s, process system s, {kind: [wall, cpu]})
+        self.busy = {"compute": [0.0, 0.0], "server": [0.0, 0.0]}
+        self.cpu_marks = []
         self.timeline = []  # (thread, start, end, what) over the first `timeline_clocks` clocks
         self.timeline_clocks = 3
         self.timeline_start = 1  # set in start(): 10 where the run is long enough
@@ -514,7 +520,7 @@ class Node:
 
     def _update(self, clock, blobs, reduced=False):
         ss = self.shard_solver
-        t0 = self._now()
+        t0, c0 = self._now(), time.thread_time()
         if ss.iter != clock:
             ss.iter = clock
             self._rate = ss.learning_rate()
@@ -545,6 +551,9 @@ class Node:
                 with self.cv:  # only now: node 0's snapshot waits for this
                     self.hist_requests.discard(clock + 1)
                     self.cv.notify_all()
+        with self.cv:
+            self.busy["server"][0] += self._now() - t0
+            self.busy["server"][1] += time.thread_time() - c0
         if self._recording(clock):
             blobs = list(blobs)
             what = self.blob_names[blobs[0]] if len(blobs) == 1 else f"{len(blobs)} blobs"
@@ -607,9 +616,15 @@ class Node:
     def gradient_source(self):
         """Stands in for ``net.forward_backward()``: this node's slice of the global batch."""
         self._raise_if_failed()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if self.calls % self.iter_size == 0:  # a new clock: zero its gradient slot
             self.clock = self.solver.iter
+            if len(self.cpu_marks) < 10000:
+                r = resource.getrusage(resource.RUSAGE_SELF)  # (os.times() counts 10 ms ticks)
+                u, k = r.ru_utime, r.ru_stime
+                with self.cv:
+                    busy = {name: list(v) for name, v in self.busy.items()}
+                self.cpu_marks.append((self.clock, t0 - self.t_origin, u, k, busy))
             recording = self._recording(self.clock)
             self.transport.stats.recording = recording
             past = self.clock - self.iter0 >= self.timeline_start + self.timeline_clocks
@@ -651,6 +666,9 @@ class Node:
                 G = self.G[self.clock % self.n_slots]
                 G += (np.array(self.worker_weights, self.dtype) / self.scale) @ self.Gk
         self.compute_time += time.perf_counter() - t0
+        with self.cv:
+            self.busy["compute"][0] += time.perf_counter() - t0
+            self.busy["compute"][1] += time.thread_time() - c0
         w = np.array(self.worker_weights) / self.scale
         for name in self.solver.net.outputs:  # what the Solver displays: this node's slice
             self.solver.net.blobs[name].data[...] = sum(
@@ -792,6 +810,8 @@ class Node:
             "compute_s": self.compute_time,
             "sync_s": self.sync_time,
             "wait_s": float(self.wait_time.sum()),
+            "busy": {name: list(v) for name, v in self.busy.items()},
+            "cpu_marks": self.cpu_marks,
             "layers": layers,
             "t_origin": self.t_origin_wall,
             "timeline": self.timeline[:4000]

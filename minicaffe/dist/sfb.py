@@ -110,6 +110,31 @@ def rebuild(factors, weight_grad, bias_grad=None, transpose=False, alpha=1.0, be
             bias_grad += alpha * s
 
 
+def rebuild_sgd_step(a, b, w, h, momentum, lr, decay, gemm, sgd_step, tile):
+    """SGD's step on the gradient a^T b, formed one tile of rows at a time and never stored whole.
+
+    a: (rows K, R), b: (K, C), w and h: flat R x C (weight and momentum history, updated in
+    place), ``tile``: a (T, C) buffer. For each block of T rows, one GEMM writes that block of
+    a^T b into the tile (it stays in the cache) and ``sgd_step(w, g, h, momentum, lr, decay)``
+    (h = m h + lr (g + decay w); w -= h) consumes it at once: the memory traffic is the
+    update's own (w and h read and written), where rebuild() + an update would also write and
+    read an R x C gradient. The same arithmetic as rebuild() followed by SGDSolver's update.
+    """
+    rows, cols = a.shape[1], b.shape[1]
+    step = len(tile)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        t = tile[: r1 - r0]
+        gemm(True, False, 1.0, a[:, r0:r1], b, 0.0, t)
+        lo, hi = r0 * cols, r1 * cols
+        sgd_step(w[lo:hi], t.reshape(-1), h[lo:hi], momentum, lr, decay)
+
+
+def tile_for(rows, cols, dtype, tile_bytes=1 << 21):
+    """A tile of whole rows of about ``tile_bytes`` (2 MiB: in the L2/L3 cache) for rebuild_sgd_step."""
+    return np.empty((max(1, min(rows, tile_bytes // (np.dtype(dtype).itemsize * cols))), cols), dtype)
+
+
 def rebuild_into_layer(net, i, factors, alpha=1.0):
     """Overwrite layer i's parameter diffs with the gradient of ``factors`` (weight and bias)."""
     layer = net.layers[i]

@@ -64,6 +64,12 @@ class Layer:
     update: float = 0.0
     wgrad: float = None
     itemsize: int = 4
+    sync_cpu: dict = None  # measured CPU seconds of this node's part of a sync: {"ps": s, "sfb": s}
+    blobs: int = 2  # learnable blobs (weight, bias): PS sends a frame per blob per peer each way
+
+    @property
+    def weight_gradient(self):
+        return self.backward / 2 if self.wgrad is None else self.wgrad
 
     @property
     def fc(self):
@@ -77,6 +83,7 @@ class Link:
     bandwidth: float
     latency: float = 0.0
     topology: str = "star"  # star: one link per node to a switch; mesh: one link per pair of nodes
+    burst: float = 0.0  # bytes a shaper lets through at once after an idle spell (tc tbf's bucket)
 
     def __str__(self):
         return f"{format_rate(self.bandwidth)}, {self.latency * 1e3:g} ms" + (
@@ -87,6 +94,28 @@ class Link:
         """Bytes/s one node can send (and receive) at once: a star shares one link among its
         peers; a mesh (the transport's token bucket per connection) has one per peer."""
         return self.bandwidth * (max(nodes - 1, 1) if self.topology == "mesh" else 1)
+
+
+@dataclass
+class Host:
+    """The machine the nodes share, when they share one (the emulated cluster): ``cores``, and
+    ``tcp_cpu``, the CPU seconds one byte moved from a node to another costs both ends together
+    (framing, the copies into and out of the kernel, TCP, veth; ``python -m
+    minicaffe.dist.linkcheck`` measures it). None (the default) for nodes with machines of their own."""
+
+    cores: int
+    tcp_cpu: float = 0.0
+    frame_cpu: float = 0.0  # CPU seconds a frame costs both ends beyond its bytes (linkcheck)
+
+    def transport_cpu(self, nbytes, frames):
+        """CPU seconds one node spends moving ``nbytes`` (sent + received) in ``frames`` frames
+        (sent + received): half of each byte's and frame's cost is the sender's, half the receiver's."""
+        return nbytes / 2 * self.tcp_cpu + frames / 2 * self.frame_cpu
+
+    def share(self, nodes):
+        """How much slower each node computes when all compute at once: max(1, nodes / cores)
+        (one busy thread per node process: the launcher gives each node cores // nodes BLAS threads)."""
+        return max(1.0, nodes / self.cores)
 
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -139,19 +168,22 @@ def method_of(layer, nodes, comm):
 def sync_cost(layer, method, nodes, link):
     """(network seconds, CPU seconds, bytes sent + received) of one layer's sync.
 
-    The CPU part runs on the communication thread too (it is what slows when nodes share cores).
+    The CPU part runs on the communication thread too (it is what slows when nodes share cores):
+    ``layer.sync_cpu[method]`` where measured, else PS: this node's 1/P of the update; SFB: the
+    rebuild (P x the layer's own weight-gradient GEMM) and the whole update.
     """
     if method is None:
         return 0.0, 0.0, 0.0
     if nodes == 1:
         return 0.0, layer.update, 0.0  # nothing moves; the node applies the update itself
+    measured = (layer.sync_cpu or {}).get(method)
     if method == "ps":
         nbytes = ps_floats(layer.count, 1, nodes, nodes) * layer.itemsize
         rounds, cpu = 2, layer.update / nodes  # push, then pull; this node's shard of the update
     else:
         nbytes = sfb_floats(layer.k, layer.m, layer.n, nodes) * layer.itemsize
-        wgrad = layer.backward / 2 if layer.wgrad is None else layer.wgrad
-        rounds, cpu = 1, nodes * wgrad + layer.update  # broadcast; rebuild from P nodes' rows; update
+        rounds, cpu = 1, nodes * layer.weight_gradient + layer.update  # rebuild from P nodes' rows; update
+    cpu = cpu if measured is None else measured
     return rounds * link.latency + nbytes / 2 / link.rate(nodes), cpu, nbytes
 
 
@@ -177,13 +209,24 @@ class Result:
         return max(self.period - self.compute, 0.0) / self.period if self.period > 0 else 0.0
 
 
-def simulate(layers, nodes, link, comm="hybrid", wfbp=True, iterations=8, compute_scale=1.0, cpu_overlap=True):
+def simulate(
+    layers, nodes, link, comm="hybrid", wfbp=True, iterations=8, compute_scale=1.0, cpu_overlap=True, host=None
+):
     """Run the schedule for ``iterations`` iterations; the period is measured over the last ones.
 
     ``compute_scale`` multiplies every compute time and CPU part of a sync (e.g. P node
     processes sharing fewer cores: P / cores). ``cpu_overlap=False``: the cores are all busy
     computing, so every CPU second a sync needs (update, rebuild) is taken from the compute
     (added to each iteration's compute) instead of overlapping it.
+
+    ``host`` (a Host): the P nodes share ``host.cores`` cores. Then (1) compute and the CPU part
+    of every sync run ``host.share(P)`` times slower (under BSP the nodes compute at the same
+    time); (2) moving a layer's bytes costs CPU too (``host.tcp_cpu`` per byte and
+    ``host.frame_cpu`` per frame, both ends), so a transfer lasts at least as long as its CPU
+    work, max(bytes / 2 / rate, CPU); (3) the
+    cores bound the period from below: P x (one node's CPU seconds per iteration: compute, its
+    syncs' CPU, its transport CPU) / cores. An SFB layer's own weight gradient is not computed
+    on the nodes (the rebuilt one replaces it), with or without a host.
     """
     if comm not in COMM_MODES:
         raise MinicaffeError(f"comm must be one of {', '.join(COMM_MODES)}, got '{comm}'")
@@ -191,15 +234,46 @@ def simulate(layers, nodes, link, comm="hybrid", wfbp=True, iterations=8, comput
         raise MinicaffeError("simulate needs nodes >= 1 and iterations >= 3")
     wfbp = wfbp and nodes > 1  # one node has nothing to overlap: it updates after backward, as Caffe
     n = len(layers)
-    fwd = [l.forward * compute_scale for l in layers]
-    bwd = [l.backward * compute_scale for l in layers]
+    if host is not None:
+        compute_scale = compute_scale * host.share(nodes)
     methods = [method_of(l, nodes, comm) for l in layers]
-    sync, nbytes, stolen = [], 0.0, 0.0
+    own = [l.backward - (l.weight_gradient if m == "sfb" and nodes > 1 else 0.0) for l, m in zip(layers, methods)]
+    fwd = [l.forward * compute_scale for l in layers]
+    bwd = [b * compute_scale for b in own]
+    sync, nbytes, stolen, cpu_total = [], 0.0, 0.0, sum(l.forward for l in layers) + sum(own)
+    parts = []  # per layer: (bytes each way, latency part, transport CPU floor, CPU after the wire)
     for l, m in zip(layers, methods):
         net_s, cpu_s, b = sync_cost(l, m, nodes, link)
-        sync.append(None if m is None else net_s + cpu_s * compute_scale)
+        wire = net_s
+        floor = 0.0
+        if host is not None and m is not None:
+            frames = 4 * (nodes - 1) * (l.blobs if m == "ps" else 1)  # sent + received, every peer
+            tcp = host.transport_cpu(b, frames)  # this node's share of moving its bytes
+            floor = tcp * compute_scale
+            wire = max(net_s, floor)
+            cpu_total += tcp
+        sync.append(None if m is None else wire + cpu_s * compute_scale)
+        rounds = 0 if m is None or nodes == 1 else (2 if m == "ps" else 1)
+        parts.append((b / 2, rounds * link.latency, floor, cpu_s * compute_scale))
         nbytes += b
         stolen += 0.0 if m is None else cpu_s * compute_scale
+        cpu_total += 0.0 if m is None else cpu_s
+    rate = link.rate(nodes)
+    tokens, t_tokens = link.burst, 0.0  # the shaper's bucket (bytes each way), full at the start
+
+    def sync_time(i, start):
+        """Layer i's sync starting at ``start``: with a burst, the bytes the bucket holds pass at
+        once (it refills at the link's rate while the link is idle), the rest at the rate."""
+        nonlocal tokens, t_tokens
+        if not link.burst or math.isinf(rate):
+            return sync[i]
+        each_way, lat, floor, cpu = parts[i]
+        tokens = min(link.burst, tokens + (start - t_tokens) * rate)
+        over = max(0.0, each_way - tokens)
+        tokens = max(0.0, tokens - each_way)
+        t_tokens = start + over / rate
+        return max(lat + over / rate, floor) + cpu
+
     if not cpu_overlap and n:
         fwd[0] += stolen
     fresh = [0.0] * n  # when layer l's parameters for the next forward are in place
@@ -222,12 +296,14 @@ def simulate(layers, nodes, link, comm="hybrid", wfbp=True, iterations=8, comput
             queued = [(i, t) for i, _ in queued]  # everything waits for the whole backward
         for i, ready in queued:
             s = max(comm_free, ready)
-            comm_free = s + sync[i]
+            comm_free = s + sync_time(i, s)
             fresh[i] = comm_free
             events.append(("comm", layers[i].name, s, comm_free, it))
         if not wfbp:
             fresh = [comm_free] * n  # the next iteration starts when every layer is synchronized
     period = (starts[-1] - starts[1]) / (len(starts) - 2)
+    if host is not None:  # the cores cannot do more than their share of everyone's CPU work
+        period = max(period, nodes * cpu_total / host.cores)
     names = {l.name: m for l, m in zip(layers, methods) if m is not None}
     return Result(nodes, comm, wfbp, period, sum(fwd) + sum(bwd), nbytes, names, events)
 

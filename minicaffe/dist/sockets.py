@@ -316,7 +316,7 @@ class SocketTransport(Transport):
             if theirs.get(key) != mine:
                 return (
                     f"node {r}'s {key} differs from node {self.rank}'s ({theirs.get(key)} vs {mine}): "
-                    f"every node must train the same net with the same solver"
+                    f"every node must train the same net with the same solver and communication settings"
                 )
         return ""
 

@@ -169,11 +169,15 @@ class TokenBucket:
         self.rate = float(rate)
         # a burst of 50 ms of traffic (at least one 256 KiB send piece): a wake-up that comes
         # late on a busy machine is made up by the next pieces instead of lowering the rate
-        self.burst = float(burst if burst is not None else max(256 * 1024, self.rate / 20))
+        self.burst = float(burst if burst is not None else self.default_burst(self.rate))
         self.delay = float(delay)
         self.tokens = self.burst
         self.t = time.perf_counter()
         self.lock = threading.Lock()
+
+    @staticmethod
+    def default_burst(rate):
+        return max(256 * 1024, rate / 20)
 
     def take(self, n):
         with self.lock:
