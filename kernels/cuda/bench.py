@@ -1,4 +1,4 @@
-"""GPU kernel benchmark: ``python -m kernels.cuda.bench [--family gemm] [--size N] [--repeat R]``.
+"""GPU kernel benchmark: ``python -m kernels.cuda.bench [--family gemm] [--size N] [--gemm-size N] [--repeat R]``.
 
 Every version of every family, on CuPy arrays, each checked against the CPU file's float64
 reference on a small case before anything is timed (a wrong kernel is never reported as fast).
@@ -6,7 +6,10 @@ Timing follows llm.c's ``benchmark_kernel``: warm-up calls (numba compiles on th
 ``repeat`` timed calls, each bracketed by CUDA events on the launch stream, with the L2 cache
 flushed before each (a write of a buffer larger than L2), and the median reported.  Figures:
 
-* GEMM: GFLOP/s (2*M*N*K per call) and the ratio to cuBLAS (CuPy's matmul) on the same shape;
+* GEMM (``--gemm-size``, default 4096, plus LeNet / CIFAR-10 shapes): each version validated
+  against cuBLAS on the case's own inputs, then GFLOP/s (2*M*N*K per call), the ratio to cuBLAS
+  (CuPy's matmul) and the share of the case's roofline ceiling measured at its own size (see
+  ``bench_gemm``); a rate above its ceiling is flagged ``!`` as a measurement error;
 * the rest: GB/s (bytes each call must read and write at least once) and the ratio to the
   device's measured copy bandwidth (a CuPy device-to-device copy of the same size).
 
