@@ -365,3 +365,28 @@ def test_graph_replay_equals_the_ordinary_step_on_a_gpu(gpu, tmp_path):
     for a, b in zip(plain.net.learnable_params, replayed.net.learnable_params):
         np.testing.assert_allclose(b.data, a.data, rtol=1e-5, atol=1e-6)
     assert replayed.smoothed_loss == pytest.approx(plain.smoothed_loss, rel=1e-5)
+
+
+def test_train_tool_cuda_graph_flag_says_what_it_needs(tmp_path, capsys):
+    """``python -m minicaffe.train ... --cuda-graph`` on a backend that cannot capture ends with
+    one line saying why (the run directory keeps its log)."""
+    from minicaffe import data
+    from minicaffe.tools import train
+
+    rng = np.random.default_rng(0)
+    data.register_dataset("graph_set", rng.integers(0, 255, (8, 1, 4, 4), dtype=np.uint8), rng.integers(0, 3, 8))
+    try:
+        (tmp_path / "net.prototxt").write_text(
+            'layer { name: "d" type: "Data" top: "data" top: "label" data_param { source: "graph_set" batch_size: 4 } }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 3 } }\n'
+            'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }\n'
+        )
+        (tmp_path / "solver.prototxt").write_text(
+            'net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\nmax_iter: 2\ndisplay: 1\nrandom_seed: 1\n'
+        )
+        out = tmp_path / "run"
+        assert train.main([str(tmp_path / "solver.prototxt"), "--output", str(out), "--no-plot", "--cuda-graph"]) == 1
+        printed = capsys.readouterr().out
+        assert "needs the real cuda backend" in printed and "runs on 'cpu'" in printed, printed
+    finally:
+        data.unregister_dataset("graph_set")

@@ -333,7 +333,7 @@ def _loss_bwd_dev(prob, label, ignore_label, has_ignore, top_diff, status, dx):
     """_loss_bwd with the scale read on the device: top_diff[0] / status[3] (the loss weight
     over the normalizer the forward used): nothing read by the host between the two."""
     outer, C, inner = prob.shape
-    scale = top_diff[0] / status[3]
+    scale = dx.dtype.type(top_diff[0] / status[3])  # the arrays' precision, as _loss_bwd's scalar
     t = cuda.grid(1)
     while t < prob.size:
         k = t % inner

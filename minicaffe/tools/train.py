@@ -100,6 +100,12 @@ def build_parser():
         help="cores each Convolution / InnerProduct / Pooling call splits its batch over (default: the cores, "
         "divided among --workers; 1 on a GPU or a distributed node); BLAS runs cores / lanes threads",
     )
+    p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="with --device gpu (the cuda backend): capture each training iteration once as a CUDA graph and "
+        "replay it (Solver.enable_graph; SGD with L2 decay, no gradient clipping; docs/GPU.md)",
+    )
     p.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
     dist.add_arguments(p)  # --nodes, --rank, --rendezvous, --dist mpi, ... (minicaffe/dist/launch.py)
     return p
@@ -711,6 +717,11 @@ def run(args, argv=None):
     # numpy's overflow warnings on the way there
     numpy_errors = np.seterr(over="ignore", invalid="ignore", divide="ignore")
     try:
+        if args.cuda_graph and (dist.is_node(args) or args.workers > 1 or args.staleness > 0):
+            raise MinicaffeError(
+                "--cuda-graph captures one process's training step; it does not combine with --workers, "
+                "--staleness or a distributed run"
+            )
         if dist.is_node(args):  # node 0 of a distributed run (minicaffe/dist/launch.py)
             record.write(dist.train(solver, args, log, out_dir), flush=True)
         elif args.workers > 1 or args.staleness > 0:
@@ -734,6 +745,8 @@ def run(args, argv=None):
                 f"{', '.join(ms(v) for v in st['worker_wait'])} ms"
             )
         else:
+            if args.cuda_graph:
+                solver.enable_graph("graph")  # a SolverError saying why where it cannot
             solver.solve()
         if solver.test_nets and p.test_interval and not solver.requested_stop and tested_at[-1:] != [solver.iter]:
             # Caffe tests after the last iteration when it falls on a test interval; a run cut
