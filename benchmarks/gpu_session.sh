@@ -9,7 +9,7 @@
 #   gpu_step.txt     LeNet step: minicaffe eager / device step / CUDA-graph replay vs PyTorch
 #                    eager and CUDA graph, batches 64 and 1024, launches per step (+ gpu_step.json)
 #   pytest_gpu.txt   pytest -m gpu (the kernel and backend suites' cuda cases, graph replay)
-#   gemm.txt         the GEMM ladder against cuBLAS (python -m kernels.cuda.bench --family gemm)
+#   gemm.txt         the GEMM ladder against cuBLAS at 4096^3 (python -m kernels.cuda.bench --family gemm)
 #   layers.txt       the layer tests on the real cuda backend
 #   summary.txt      each part's exit status and seconds
 #
@@ -64,7 +64,7 @@ part gpu_step 200 gpu_step.txt $PY benchmarks/gpu_step.py --steps 100 --warmup 2
 # test repeats the kernel and backend cases already selected here: left out)
 part pytest_gpu 170 pytest_gpu.txt $PY -m pytest -q -p no:cacheprovider -m gpu tests/ \
     --deselect tests/test_cuda_gpu.py::test_gpu_kernel_and_backend_suites_on_the_device
-part gemm 70 gemm.txt $PY -m kernels.cuda.bench --family gemm --size 4096
+part gemm 90 gemm.txt $PY -m kernels.cuda.bench --family gemm --gemm-size 4096
 part layers 120 layers.txt $PY -m pytest -q -p no:cacheprovider -k cuda tests/test_layers_neuron.py \
     tests/test_layers_loss.py tests/test_layers_norm.py tests/test_layers_conv.py tests/test_layers_pooling.py \
     tests/test_layers_misc.py tests/test_layers_shape.py

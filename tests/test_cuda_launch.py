@@ -238,18 +238,22 @@ def test_launches_per_lenet_training_step(gpu, L, tmp_path):
 
 # -- a step the host never waits in: capture mode -------------------------------------------------------------
 def test_capture_mode_refuses_every_host_round_trip(gpu, L):
+    """The launcher's copies and syncs raise on both targets; on cudasim the device arrays' scalar
+    reads too (on a GPU, CuPy itself refuses those inside a real stream capture)."""
+    from kernels.cuda._launch import CaptureViolation
+
     x = gpu.from_host(np.ones(3, np.float32))
-    for what, action in (
+    actions = [
         ("to_host", lambda: gpu.to_host(x)),
         ("from_host", lambda: gpu.from_host(np.ones(3))),
         ("synchronization", gpu.synchronize),
-        ("float()", lambda: float(x.sum())),
-        ("bool()", lambda: bool((x > 0).all())),
-    ):
-        with pytest.raises(Exception, match="inside the planted step") as info:
+    ]
+    if gpu.name == "cudasim":
+        actions += [("float()", lambda: float(x.sum())), ("bool()", lambda: bool((x > 0).all()))]
+    for what, action in actions:
+        with pytest.raises(CaptureViolation, match="inside the planted step"):
             with gpu.capturing("the planted step"):
                 action()
-        assert type(info.value).__name__ in ("CaptureViolation", "CUDARuntimeError"), what
     gpu.to_host(x)  # capture mode is left again
 
 
