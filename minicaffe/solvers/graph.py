@@ -90,6 +90,7 @@ class DeviceStep:
         self._rate = None
         self.graph = None
         self._stream = None
+        self._captured_shapes = None
         net.set_deferred_checks(True)
 
     def _flatten(self):
@@ -162,6 +163,9 @@ class DeviceStep:
         be.sgd_step_segments(self.W, self.G, self.H, self.offsets, self.solver.param.momentum, self.rates, self.decays)
         self.loss[...] = loss
 
+    def _input_shapes(self):
+        return [t.shape for i in range(self.first) for t in self.net.top_vecs[i]]
+
     def _capture(self):
         """Warm up (kernels compiled, scratch and pool memory allocated), undo the warm-up's
         update, then record the body as a graph."""
@@ -180,8 +184,11 @@ class DeviceStep:
         """One iteration; returns its loss as a device scalar (a copy, kept)."""
         self._prologue(rate)
         if self.mode == "graph":
-            if self.graph is None:
+            shapes = self._input_shapes()
+            if self.graph is None or shapes != self._captured_shapes:
+                # a new batch shape reshapes the net: the old graph's buffers and sizes are wrong
                 self._capture()
+                self._captured_shapes = shapes
             self.graph.launch()
         elif self.mode == "check":
             with self.backend.capturing("a training step (enable_graph('check'))"):
