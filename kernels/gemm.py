@@ -97,10 +97,10 @@ def vendor_gemm(xp, trans_a, trans_b, alpha, a, b, beta, c):
 def gemm_blas(trans_a, trans_b, alpha, a, b, beta, c):
     """OpenBLAS through numpy's ``dot``: ``vendor_gemm`` with ``np.dot`` for ``matmul``.
 
-    Why dot: numpy's matmul is a generalized ufunc, which releases the GIL only when its outer
-    loop is long (more than 500 products); one 2-d product runs the whole BLAS call holding it.
-    ``dot`` wraps its BLAS call in Py_BEGIN_ALLOW_THREADS.  py-spy --gil on two LeNet worker
-    threads: 2.9 ms of each step's GEMMs held the GIL with matmul (the other thread waited)."""
+    Why dot: numpy's matmul ran some of the layers' products with OpenBLAS's sgemm holding the
+    GIL (py-spy --gil --native on two LeNet worker threads: sgemm_kernel sampled under the GIL,
+    2.9 ms of each step, the weight-gradient products; the other thread waited).  ``dot`` wraps
+    its BLAS call in Py_BEGIN_ALLOW_THREADS."""
     A, B = check_operands(trans_a, trans_b, a, b, c)
     if beta == 0 and c.flags.c_contiguous and not (np.may_share_memory(A, c) or np.may_share_memory(B, c)):
         np.dot(A, B, out=c)

@@ -64,6 +64,8 @@ class _Helper:
             self.done.set()
 
     def start(self, task):
+        while self.task is not None:  # still running a task of a run interrupted by Ctrl-C
+            self.done.wait(0.01)
         self.error = None
         self.done.clear()
         self.task = task

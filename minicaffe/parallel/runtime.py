@@ -435,8 +435,8 @@ class ParallelTrainer:
         if self.n == 1:
             G += self.grads[0, slot]
         else:
-            # one gemv over the flat gradients; on the CPU np.dot, not @: numpy's matmul runs a
-            # single product holding the GIL (the workers' next forward waited on it)
+            # one gemv over the flat gradients; on the CPU np.dot, not @ (numpy's matmul was seen
+            # running BLAS holding the GIL; dot releases it: kernels/gemm.py gemm_blas)
             if self.solver.net.xp is np:
                 G += np.dot(self._dev_weights, self.grads[:, slot])
             else:

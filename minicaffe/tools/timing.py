@@ -35,9 +35,8 @@ def build_parser():
     p.add_argument(
         "--lanes",
         type=int,
-        default=1,
-        help="split Convolution and InnerProduct calls over this many cores (default 1; BLAS then runs 1 thread "
-        "per lane)",
+        help="split Convolution, InnerProduct and Pooling calls over this many cores (default: all cores, as "
+        "python -m minicaffe.train does); BLAS runs cores / lanes threads",
     )
     p.add_argument("--no-roofline", action="store_true", help="do not measure the machine's ceilings")
     return p
@@ -189,14 +188,15 @@ def report(net, fwd, bwd, totals, log, floor=None):
 def main(argv=None):
     args = build_parser().parse_args(argv)
 
+    from ..parallel import blas, lanes
+
+    if args.lanes is None:
+        args.lanes = blas.cores() if args.device == "cpu" else 1
     if args.lanes < 1:
         print(f"error: --lanes must be >= 1, got {args.lanes}", file=sys.stderr)
         return 1
-    from ..parallel import blas, lanes
-
     saved = lanes.set_count(args.lanes), blas.get_threads()
-    if args.lanes > 1:
-        blas.set_threads(max(1, blas.cores() // args.lanes))
+    blas.set_threads(max(1, blas.cores() // args.lanes))
 
     def body(net, path, log):
         log(
