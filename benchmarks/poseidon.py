@@ -339,7 +339,10 @@ def frame_cpu_from_run(tcp_byte, nodes=4, iters=40):
     }
 
 
-def calibrate(nets, nodes_list, batch, out):
+COSTS = ("cpu_s_per_byte", "cpu_s_per_frame", "round_trip_s")
+
+
+def calibrate(nets, nodes_list, batch, out, repeat=3):
     """Everything the simulator needs, measured alone (no node run in between): ``--calibrate``."""
     from minicaffe.parallel import blas
 
@@ -347,16 +350,23 @@ def calibrate(nets, nodes_list, batch, out):
     use_ns = namespaces_ok() is None
     doc = {"cores": os.cpu_count(), "load_before": os.getloadavg(), "nets": {}}
     for key, ns in (("tcp", use_ns), ("tcp_loopback", False)):  # the namespaces' path; the limiter's
-        link = tcp_cpu_per_byte(ns)
+        tries = [tcp_cpu_per_byte(ns) for _ in range(repeat)]  # these move 20-30% run to run: medians
+        link = {k: statistics.median(t[k] for t in tries) for k in COSTS}
         doc[key] = {"path": "veth + bridge + tc" if ns else "loopback", **link}
+        doc[key]["tries"] = [{k: t[k] for k in COSTS} for t in tries]
         print(
             f"transport CPU: {1e9 * link['cpu_s_per_byte']:.2f} ns per byte, {1e6 * link['cpu_s_per_frame']:.1f} us "
             f"per frame, both ends; round trip {1e6 * link['round_trip_s']:.0f} us ({doc[key]['path']})",
             flush=True,
         )
-    run = frame_cpu_from_run(doc["tcp_loopback"]["cpu_s_per_byte"])
+    runs = [frame_cpu_from_run(doc["tcp_loopback"]["cpu_s_per_byte"]) for _ in range(repeat)]
+    run = dict(runs[0], cpu_s_per_frame=statistics.median(r["cpu_s_per_frame"] for r in runs))
+    run["tries"] = [r["cpu_s_per_frame"] for r in runs]
     doc["frame_run"] = run
-    print(f"one frame in a training run: {1e6 * run['cpu_s_per_frame']:.0f} us of CPU, both ends ({run['run']})")
+    print(
+        f"one frame in a training run: {1e6 * run['cpu_s_per_frame']:.0f} us of CPU, both ends "
+        f"(median of {', '.join(f'{1e6 * t:.0f}' for t in run['tries'])}; {run['run']})"
+    )
     for net in nets:
         for nodes in nodes_list:
             c = calibrate_net(net, nodes, batch)
