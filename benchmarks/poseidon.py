@@ -284,6 +284,26 @@ def calibrate_net(net_name, nodes, batch=None, iters=10):
             "layers": layers, "overhead": overhead, "step_s": t_step}  # fmt: skip
 
 
+def free_port_pair():
+    """A port p with p + 1 free too (linkcheck's raw socket listens on the rendezvous port + 1)."""
+    import socket
+
+    for _ in range(100):
+        a = socket.socket()
+        a.bind(("127.0.0.1", 0))
+        p = a.getsockname()[1]
+        b = socket.socket()
+        try:
+            b.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+        finally:
+            a.close()
+            b.close()
+    raise SystemExit("no two consecutive free ports on loopback")
+
+
 def tcp_cpu_per_byte(use_ns, mb=32):
     """CPU seconds per byte moved, both ends (``python -m minicaffe.dist.linkcheck``): through the
     emulated cluster's veth + bridge + tc where namespaces exist, else loopback."""
@@ -293,9 +313,7 @@ def tcp_cpu_per_byte(use_ns, mb=32):
         cmd = [sys.executable, "-m", "minicaffe.dist.emulate", "--nodes", "2", "--bandwidth", "10gbit", "--", *check]
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
         return json.loads(r.stdout.strip().splitlines()[-1])
-    from minicaffe.dist.launch import free_port
-
-    e = dict(env, MINICAFFE_WORLD_SIZE="2", MINICAFFE_RENDEZVOUS=f"127.0.0.1:{free_port()}")
+    e = dict(env, MINICAFFE_WORLD_SIZE="2", MINICAFFE_RENDEZVOUS=f"127.0.0.1:{free_port_pair()}")
     p1 = subprocess.Popen(check, env=dict(e, MINICAFFE_RANK="1"), cwd=ROOT)
     r = subprocess.run(check, env=dict(e, MINICAFFE_RANK="0"), capture_output=True, text=True, timeout=300, cwd=ROOT)
     p1.wait(60)
