@@ -306,10 +306,11 @@ def make_loss_kernels(T):
     return loss_fwd, xent_fwd
 
 
-@cuda.jit
-def _loss_bwd(prob, label, ignore_label, has_ignore, scale, dx):
-    """Thread t (grid-stride) -> element (o, c, k) of dx in its flat order (coalesced):
-    scale * (prob - [c == label]), 0 where ignored, NaN where the label is bad."""
+@cuda.jit(device=True)
+def _loss_bwd_rows(prob, label, ignore_label, has_ignore, scale, dx):
+    """The body of both backward kernels. Thread t (grid-stride) -> element (o, c, k) of dx in
+    its flat order (coalesced): scale * (prob - [c == label]), 0 where ignored, NaN where the
+    label is bad."""
     outer, C, inner = prob.shape
     t = cuda.grid(1)
     while t < prob.size:
@@ -326,29 +327,20 @@ def _loss_bwd(prob, label, ignore_label, has_ignore, scale, dx):
         else:
             dx[o, c, k] = scale * prob[o, c, k]
         t += cuda.gridsize(1)
+
+
+@cuda.jit
+def _loss_bwd(prob, label, ignore_label, has_ignore, scale, dx):
+    """dx = scale * (prob - onehot(label)), the scale given by the host."""
+    _loss_bwd_rows(prob, label, ignore_label, has_ignore, scale, dx)
 
 
 @cuda.jit
 def _loss_bwd_dev(prob, label, ignore_label, has_ignore, top_diff, status, dx):
     """_loss_bwd with the scale read on the device: top_diff[0] / status[3] (the loss weight
     over the normalizer the forward used): nothing read by the host between the two."""
-    outer, C, inner = prob.shape
     scale = dx.dtype.type(top_diff[0] / status[3])  # the arrays' precision, as _loss_bwd's scalar
-    t = cuda.grid(1)
-    while t < prob.size:
-        k = t % inner
-        c = (t // inner) % C
-        o = t // (inner * C)
-        li = _label_at(label, o, k, C, ignore_label, has_ignore)
-        if li == -1:
-            dx[o, c, k] = 0
-        elif li == -2:
-            dx[o, c, k] = math.nan
-        elif c == li:
-            dx[o, c, k] = scale * (prob[o, c, k] - 1)
-        else:
-            dx[o, c, k] = scale * prob[o, c, k]
-        t += cuda.gridsize(1)
+    _loss_bwd_rows(prob, label, ignore_label, has_ignore, scale, dx)
 
 
 # -- wrappers --------------------------------------------------------------------------------------------
