@@ -195,44 +195,52 @@ conv_fwd_v3_im2col_blas = _make_im2col_gemm(_gemm.gemm_blas, "conv_fwd_v3_im2col
 _KB, _NB = _gemm.KB, _gemm.NB  # rows of col per pass, columns per block: the AXPY kernel's blocks
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
-def _implicit_images(x, w2, bias, kh, kw, ph, pw, sh, sw, dh, dw, oh_rng, ow_rng, n0, n1, buf, out, y):
-    """y[n0:n1] for images n0..n1-1: out (M, (n1-n0)*P) = w2 @ col[:, block] computed KB rows
-    of col at a time, each unrolled into ``buf`` (KB, >= (n1-n0)*P) just before it is used."""
+@njit(nogil=True, cache=True)
+def _pack_rows(x, kh, kw, ph, pw, sh, sw, dh, dw, oh_rng, ow_rng, n0, n1, p0, p1, OW, P, buf):
+    """The packing both implicit GEMMs share: rows p0..p1 of im2col's column matrix, for images
+    n0..n1-1, unrolled into ``buf`` (row r - p0, image n at column (n - n0) * P)."""
     N, C, H, W = x.shape
-    M, K = w2.shape
-    OH, OW = y.shape[2], y.shape[3]
-    P = OH * OW
-    nb = (n1 - n0) * P
     stride = buf.shape[1]
     xf = x.reshape(x.size)
     bf = buf.reshape(buf.size)
     z = buf.dtype.type(0)
+    for r in range(p0, p1):
+        c = r // (kh * kw)
+        i = (r // kw) % kh
+        j = r % kw
+        for n in range(n0, n1):
+            s0 = (n * C + c) * H * W + (i * dh - ph) * W + (j * dw - pw)
+            _im2col._im2col_tap_flat(
+                xf,
+                s0,
+                bf,
+                (r - p0) * stride + (n - n0) * P,
+                sh,
+                sw,
+                W,
+                OW,
+                P,
+                oh_rng[i, 0],
+                oh_rng[i, 1],
+                ow_rng[j, 0],
+                ow_rng[j, 1],
+                z,
+            )
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _implicit_images(x, w2, bias, kh, kw, ph, pw, sh, sw, dh, dw, oh_rng, ow_rng, n0, n1, buf, out, y):
+    """y[n0:n1] for images n0..n1-1: out (M, (n1-n0)*P) = w2 @ col[:, block] computed KB rows
+    of col at a time, each unrolled into ``buf`` (KB, >= (n1-n0)*P) just before it is used."""
+    M, K = w2.shape
+    OH, OW = y.shape[2], y.shape[3]
+    P = OH * OW
+    nb = (n1 - n0) * P
     out[:, :nb] = 0
     for p0 in range(0, K, _KB):
         p1 = min(p0 + _KB, K)
-        for r in range(p0, p1):  # the packing: im2col of rows p0..p1 of this block
-            c = r // (kh * kw)
-            i = (r // kw) % kh
-            j = r % kw
-            for n in range(n0, n1):
-                s0 = (n * C + c) * H * W + (i * dh - ph) * W + (j * dw - pw)
-                _im2col._im2col_tap_flat(
-                    xf,
-                    s0,
-                    bf,
-                    (r - p0) * stride + (n - n0) * P,
-                    sh,
-                    sw,
-                    W,
-                    OW,
-                    P,
-                    oh_rng[i, 0],
-                    oh_rng[i, 1],
-                    ow_rng[j, 0],
-                    ow_rng[j, 1],
-                    z,
-                )
+        # the packing: im2col of rows p0..p1 of this block
+        _pack_rows(x, kh, kw, ph, pw, sh, sw, dh, dw, oh_rng, ow_rng, n0, n1, p0, p1, OW, P, buf)
         _gemm._axpy_block(out.dtype.type(1), w2[:, p0:p1], False, buf, out, 0, nb, 0, p1 - p0)
     for n in range(n0, n1):  # the epilogue: NCHW and the bias
         for m in range(M):
@@ -405,7 +413,7 @@ def _pack_dy(dy, n0, n1, dyb):
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
 def conv_bwd_filter_v4_implicit(x, dy, ph, pw, sh, sw, dh, dw, dwt):
     per, oh_rng, ow_rng = _implicit_setup(x, dwt, ph, pw, sh, sw, dh, dw, dy)
-    N, C, H, W = x.shape
+    N, C = x.shape[0], x.shape[1]
     M, _, kh, kw = dwt.shape
     K = C * kh * kw
     OW = dy.shape[3]
@@ -414,10 +422,6 @@ def conv_bwd_filter_v4_implicit(x, dy, ph, pw, sh, sw, dh, dw, dwt):
     dw2[...] = 0
     dyb = np.empty((M, per * P), x.dtype)
     buf = np.empty((min(_KB, K), per * P), x.dtype)
-    stride = buf.shape[1]
-    xf = x.reshape(x.size)
-    bf = buf.reshape(buf.size)
-    z = buf.dtype.type(0)
     one = buf.dtype.type(1)
     for n0 in range(0, N, per):
         n1 = min(n0 + per, N)
@@ -425,28 +429,8 @@ def conv_bwd_filter_v4_implicit(x, dy, ph, pw, sh, sw, dh, dw, dwt):
         _pack_dy(dy, n0, n1, dyb)
         for p0 in range(0, K, _KB):
             p1 = min(p0 + _KB, K)
-            for r in range(p0, p1):  # col's rows p0..p1 for this block, as the forward makes them
-                c = r // (kh * kw)
-                i = (r // kw) % kh
-                j = r % kw
-                for n in range(n0, n1):
-                    s0 = (n * C + c) * H * W + (i * dh - ph) * W + (j * dw - pw)
-                    _im2col._im2col_tap_flat(
-                        xf,
-                        s0,
-                        bf,
-                        (r - p0) * stride + (n - n0) * P,
-                        sh,
-                        sw,
-                        W,
-                        OW,
-                        P,
-                        oh_rng[i, 0],
-                        oh_rng[i, 1],
-                        ow_rng[j, 0],
-                        ow_rng[j, 1],
-                        z,
-                    )
+            # col's rows p0..p1 for this block, as the forward makes them
+            _pack_rows(x, kh, kw, ph, pw, sh, sw, dh, dw, oh_rng, ow_rng, n0, n1, p0, p1, OW, P, buf)
             # dW[:, p0:p1] += dYb @ colblk^T: a long k (the block's pixels), the dot-product form
             _gemm._gemm_micro_cols(one, dyb[:, :nb], False, buf[: p1 - p0, :nb], True, dw2[:, p0:p1], 0, p1 - p0)
 

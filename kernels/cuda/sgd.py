@@ -24,8 +24,9 @@ from ..sgd import REFERENCES  # noqa: F401  (the float64 reference the tests che
 __all__ = ["sgd_step", "sgd_step_segments", "VERSIONS", "DEFAULTS", "use"]
 
 
-@cuda.jit
-def _sgd_step(w, g, h, momentum, rate, decay):
+@cuda.jit(device=True)
+def _sgd_grid(w, g, h, momentum, rate, decay):
+    """The body both kernels share: h = momentum h + rate (g + decay w); w -= h (grid-stride)."""
     i = cuda.grid(1)
     while i < g.size:
         wi = w[i]
@@ -36,17 +37,15 @@ def _sgd_step(w, g, h, momentum, rate, decay):
 
 
 @cuda.jit
+def _sgd_step(w, g, h, momentum, rate, decay):
+    _sgd_grid(w, g, h, momentum, rate, decay)
+
+
+@cuda.jit
 def _sgd_step_dev(w, g, h, momentum, rate, decay):
     """_sgd_step with the rate read on the device (rate[0]): a captured CUDA graph replays with
     the learning rate of the iteration, written there before the replay."""
-    r = rate[0]
-    i = cuda.grid(1)
-    while i < g.size:
-        wi = w[i]
-        v = momentum * h[i] + r * (g[i] + decay * wi)
-        h[i] = v
-        w[i] = wi - v
-        i += cuda.gridsize(1)
+    _sgd_grid(w, g, h, momentum, rate[0], decay)
 
 
 @cuda.jit
