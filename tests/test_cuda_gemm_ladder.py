@@ -15,21 +15,16 @@ the shared loads' offsets folded into the instruction, and v4's single barrier p
 the next slice's global loads issued before this slice's FMAs.
 """
 
-import json
-import os
 import re
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 from kernel_check import assert_close, sum_tol
+from ptx_check import compile_in_subprocess
 
 from minicaffe import backend as _backend
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNGS = ["v1_naive", "v2_tiled", "v3_regblock", "v4_double_buffered", "v5_vectorized"]
 BLOCKED = ["v3_regblock", "v4_double_buffered", "v5_vectorized"]
 
@@ -176,35 +171,9 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _env():
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["NUMBA_ENABLE_CUDASIM"] = "0"
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 @pytest.fixture(scope="module")
 def ptx():
-    probe = subprocess.run(
-        [sys.executable, "-c", "from numba.cuda.cudadrv import nvvm; nvvm.NVVM()"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=120,
-    )
-    if probe.returncode != 0:
-        pytest.skip("numba finds no NVVM (a CUDA toolkit's libnvvm) here: " + probe.stderr.strip()[-200:])
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert r.returncode == 0, f"compiling the GEMM rungs to PTX failed:\n{r.stderr[-4000:]}"
-    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT ") :])
+    return compile_in_subprocess(SCRIPT, "the GEMM rungs", timeout=600)
 
 
 def inner_loop(ptx_text, fmas):

@@ -11,15 +11,10 @@ installed the PTX is also assembled for sm_80 (registers, spills, shared memory 
 Skips, saying why, where no NVVM is found.
 """
 
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ptx_check import compile_in_subprocess
 
 SCRIPT = r"""
 import json, os, re, subprocess, shutil, sys, tempfile
@@ -102,47 +97,9 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _nvvm_reason():
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", "from numba.cuda.cudadrv import nvvm; nvvm.NVVM()"],
-            capture_output=True,
-            text=True,
-            env=_env(),
-            timeout=120,
-        )
-    except subprocess.TimeoutExpired:
-        return "probing NVVM timed out"
-    if out.returncode != 0:
-        return "numba finds no NVVM (a CUDA toolkit's libnvvm) here: " + out.stderr.strip().splitlines()[-1][:200]
-    return None
-
-
-def _env():
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["NUMBA_ENABLE_CUDASIM"] = "0"
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 @pytest.fixture(scope="module")
 def compiled():
-    reason = _nvvm_reason()
-    if reason:
-        pytest.skip(reason)
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=ROOT,
-        timeout=900,
-    )
-    assert r.returncode == 0, f"compiling the GPU kernels to PTX failed:\n{r.stderr[-4000:]}"
-    import json
-
-    line = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT ") :])
+    return compile_in_subprocess(SCRIPT, "the GPU kernels", timeout=900)
 
 
 def test_every_kernel_compiles_to_ptx(compiled):
