@@ -27,6 +27,7 @@ from numba import cuda
 
 from .. import _versions
 from ..im2col import REFERENCES, col_pixel  # noqa: F401  (REFERENCES: what the tests check against)
+from ._grid import unravel_nchw
 
 #: the CPU naive versions' index map, compiled for the GPU (one source: kernels/im2col.py)
 _col_pixel_dev = cuda.jit(device=True)(col_pixel)
@@ -125,10 +126,7 @@ def _col2im_v2(col, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, x):
     N, C, H, W = x.shape
     t = cuda.grid(1)
     while t < x.size:
-        w = t % W
-        h = (t // W) % H
-        c = (t // (W * H)) % C
-        n = t // (W * H * C)
+        n, c, h, w = unravel_nchw(t, C, H, W)
         acc = x.dtype.type(0)
         for i in range(kh):
             hh = h + ph - i * dh

@@ -29,6 +29,7 @@ from numba import cuda
 
 from .. import _versions
 from ..pooling import REFERENCES, pool_window, windows_covering  # noqa: F401  (REFERENCES: for the tests)
+from ._grid import unravel_nchw
 
 _window = cuda.jit(device=True)(pool_window)
 _covering = cuda.jit(device=True)(windows_covering)
@@ -50,10 +51,7 @@ def _max_fwd(x, kh, kw, sh, sw, ph, pw, y, mask):
     PH, PW = y.shape[2], y.shape[3]
     t = cuda.grid(1)
     while t < y.size:
-        q = t % PW
-        p = (t // PW) % PH
-        c = (t // (PW * PH)) % C
-        n = t // (PW * PH * C)
+        n, c, p, q = unravel_nchw(t, C, PH, PW)
         hs, he, _ = _window(p, kh, sh, ph, H)
         ws, we, _ = _window(q, kw, sw, pw, W)
         best = y.dtype.type(0)
@@ -75,10 +73,7 @@ def _max_bwd_scatter(dy, mask, dx):
     PH, PW = dy.shape[2], dy.shape[3]
     t = cuda.grid(1)
     while t < dy.size:
-        q = t % PW
-        p = (t // PW) % PH
-        c = (t // (PW * PH)) % C
-        n = t // (PW * PH * C)
+        n, c, p, q = unravel_nchw(t, C, PH, PW)
         k = mask[n, c, p, q]
         if k >= 0:
             cuda.atomic.add(dx, (n, c, k // W, k % W), dy[n, c, p, q])
@@ -93,10 +88,7 @@ def _max_bwd_gather(dy, mask, kh, kw, sh, sw, ph, pw, dx):
     PH, PW = dy.shape[2], dy.shape[3]
     t = cuda.grid(1)
     while t < dx.size:
-        w = t % W
-        h = (t // W) % H
-        c = (t // (W * H)) % C
-        n = t // (W * H * C)
+        n, c, h, w = unravel_nchw(t, C, H, W)
         p0, p1 = _covering(h, kh, sh, ph, PH)
         q0, q1 = _covering(w, kw, sw, pw, PW)
         k = h * W + w
@@ -116,10 +108,7 @@ def _ave_fwd(x, kh, kw, sh, sw, ph, pw, y):
     PH, PW = y.shape[2], y.shape[3]
     t = cuda.grid(1)
     while t < y.size:
-        q = t % PW
-        p = (t // PW) % PH
-        c = (t // (PW * PH)) % C
-        n = t // (PW * PH * C)
+        n, c, p, q = unravel_nchw(t, C, PH, PW)
         hs, he, eh = _window(p, kh, sh, ph, H)
         ws, we, ew = _window(q, kw, sw, pw, W)
         s = y.dtype.type(0)
@@ -137,10 +126,7 @@ def _ave_bwd_scatter(dy, kh, kw, sh, sw, ph, pw, dx):
     PH, PW = dy.shape[2], dy.shape[3]
     t = cuda.grid(1)
     while t < dy.size:
-        q = t % PW
-        p = (t // PW) % PH
-        c = (t // (PW * PH)) % C
-        n = t // (PW * PH * C)
+        n, c, p, q = unravel_nchw(t, C, PH, PW)
         hs, he, eh = _window(p, kh, sh, ph, H)
         ws, we, ew = _window(q, kw, sw, pw, W)
         g = dy[n, c, p, q] / (eh * ew)
@@ -158,10 +144,7 @@ def _ave_bwd_gather(dy, kh, kw, sh, sw, ph, pw, dx):
     PH, PW = dy.shape[2], dy.shape[3]
     t = cuda.grid(1)
     while t < dx.size:
-        w = t % W
-        h = (t // W) % H
-        c = (t // (W * H)) % C
-        n = t // (W * H * C)
+        n, c, h, w = unravel_nchw(t, C, H, W)
         p0, p1 = _covering(h, kh, sh, ph, PH)
         q0, q1 = _covering(w, kw, sw, pw, PW)
         acc = dx.dtype.type(0)
