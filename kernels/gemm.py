@@ -32,6 +32,8 @@ Versions:
 See docs/KERNELS.md for the story and the numbers.
 """
 
+import threading
+
 import numpy as np
 from numba import get_num_threads, njit, prange
 
@@ -100,22 +102,67 @@ def gemm_blas(trans_a, trans_b, alpha, a, b, beta, c):
     Why dot: numpy's matmul ran some of the layers' products with OpenBLAS's sgemm holding the
     GIL (py-spy --gil --native on two LeNet worker threads: sgemm_kernel sampled under the GIL,
     2.9 ms of each step, the weight-gradient products; the other thread waited).  ``dot`` wraps
-    its BLAS call in Py_BEGIN_ALLOW_THREADS."""
+    its BLAS call in Py_BEGIN_ALLOW_THREADS.
+
+    numpy has no BLAS call with beta, so ``beta != 0`` (a layer accumulating its weight gradient)
+    goes through ``_accumulate``: the product a block of rows at a time into a small scratch
+    buffer of this thread's, added into c while it is still in cache."""
     A, B = check_operands(trans_a, trans_b, a, b, c)
-    if beta == 0 and c.flags.c_contiguous and not (np.may_share_memory(A, c) or np.may_share_memory(B, c)):
+    if not (A.dtype == B.dtype == c.dtype) or np.may_share_memory(A, c) or np.may_share_memory(B, c):
+        t = np.dot(A, B)  # mixed dtypes, or c overlaps an input: the whole product first, then c
+        if alpha != 1:
+            t *= alpha
+        if beta == 0:
+            c[...] = t
+            return
+        if beta != 1:
+            c *= beta
+        c += t
+        return
+    if beta == 0 and c.flags.c_contiguous:
         np.dot(A, B, out=c)
         if alpha != 1:
             c *= alpha
         return
-    t = np.dot(A, B)
-    if alpha != 1:
-        t *= alpha
-    if beta == 0:
-        c[...] = t
-        return
-    if beta != 1:
-        c *= beta
-    c += t
+    _accumulate(alpha, A, B, beta, c)
+
+
+#: elements of the per-thread scratch ``_accumulate`` works in (4 MB of float32: it stays in L2/L3)
+ACC_BLOCK = 1 << 20
+_acc_local = threading.local()
+
+
+def _acc_scratch(dtype, n):
+    """This thread's scratch of at least n elements of dtype (lanes and workers call gemm at once)."""
+    bufs = getattr(_acc_local, "bufs", None)
+    if bufs is None:
+        bufs = _acc_local.bufs = {}
+    buf = bufs.get(dtype)
+    if buf is None or buf.size < n:
+        buf = bufs[dtype] = np.empty(n, dtype)
+    return buf[:n]
+
+
+def _accumulate(alpha, A, B, beta, c):
+    """c = alpha A @ B + beta c (beta may be 0 for a strided c) without an M x N temporary: rows
+    r0..r1 of the product go into a scratch of at most ~ACC_BLOCK elements, then into c.  Before,
+    ``c += np.dot(A, B)`` allocated (and page-faulted) the whole product on every call: on
+    AlexNet's fc6 weight gradient that is 4096 x 9216 floats, 151 MB, each iteration."""
+    M, N = c.shape
+    rows = max(1, min(M, max(ACC_BLOCK // max(N, 1), 16)))
+    for r0 in range(0, M, rows):
+        r1 = min(M, r0 + rows)
+        t = _acc_scratch(c.dtype, (r1 - r0) * N).reshape(r1 - r0, N)
+        np.dot(A[r0:r1], B, out=t)
+        if alpha != 1:
+            t *= alpha
+        cr = c[r0:r1]
+        if beta == 0:
+            cr[...] = t
+            continue
+        if beta != 1:
+            cr *= beta
+        cr += t
 
 
 def _numba_gemm(kernel):

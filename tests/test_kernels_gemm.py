@@ -115,3 +115,32 @@ def test_shape_mismatch_names_the_shapes():
     for ver, fn in versions(K, "gemm"):
         with pytest.raises(ValueError, match=r"op\(a\) \(3, 4\) @ op\(b\) \(5, 2\)"):
             fn(False, False, 1.0, a, b, 0.0, np.zeros((3, 2), np.float32))
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+def test_blas_accumulates_in_row_blocks_without_a_product_temporary(trans_a):
+    """beta != 0 (a weight gradient accumulated into its diff): the BLAS rung computes the product
+    a block of rows at a time in a small per-thread scratch, so a product larger than the block
+    (here 3 blocks and a remainder) is summed into c correctly, and no M x N array is allocated
+    (tracemalloc sees numpy's data buffers)."""
+    import tracemalloc
+
+    M, N, Kd = 2 * K.ACC_BLOCK // 600 + 7, 600, 5  # rows per block: ACC_BLOCK // N
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((Kd, M) if trans_a else (M, Kd)).astype(np.float32)
+    b = rng.standard_normal((Kd, N)).astype(np.float32)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    for alpha, beta in [(1.0, 1.0), (0.5, 2.0)]:
+        ref = K.gemm_reference(trans_a, False, alpha, a, b, beta, c0)
+        c = c0.copy()
+        K.gemm_blas(trans_a, False, alpha, a, b, beta, c)  # warms this thread's scratch
+        tol = _tol(np.float32, trans_a, False, alpha, a, b, beta, c0)
+        assert_close(c, ref, tol, kernel="gemm", version="blas", shape=f"M,N,K={M},{N},{Kd} beta={beta}")
+    c = c0.copy()
+    tracemalloc.start()
+    try:
+        K.gemm_blas(trans_a, False, 1.0, a, b, 1.0, c)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < c.nbytes // 10, f"gemm_blas with beta=1 allocated {peak} bytes (c is {c.nbytes})"
