@@ -11,7 +11,7 @@ import pytest
 from minicaffe import proto
 from minicaffe.dist import frames as F
 from minicaffe.dist.poseidon import Poseidon
-from minicaffe.dist.ps import Node
+from minicaffe.dist.ps import Node, plan_buckets
 from minicaffe.dist.sockets import SocketTransport
 from minicaffe.errors import MinicaffeError
 from minicaffe.parallel import with_synthetic_data
@@ -33,11 +33,11 @@ def lenet_solver(iters, **fields):
     return get_solver(p, log=lambda m: None)
 
 
-def mesh(world, limit):
+def mesh(world, limit, cls=SocketTransport):
     quiet = lambda m: None
-    t0 = SocketTransport(0, world, "127.0.0.1:0", SECRET, {"net": "lenet"}, limit, log=quiet)
+    t0 = cls(0, world, "127.0.0.1:0", SECRET, {"net": "lenet"}, limit, log=quiet)
     rdv = f"127.0.0.1:{t0.address[1]}"
-    ts = [t0] + [SocketTransport(r, world, rdv, SECRET, {"net": "lenet"}, limit, log=quiet) for r in range(1, world)]
+    ts = [t0] + [cls(r, world, rdv, SECRET, {"net": "lenet"}, limit, log=quiet) for r in range(1, world)]
     threads = [threading.Thread(target=t.form) for t in ts]
     for t in threads:
         t.start()
@@ -46,7 +46,19 @@ def mesh(world, limit):
     return ts
 
 
-def run(world, comm, wfbp, iters=3, staleness=0, workers=1, watch=None, resume=None, **fields):
+def run(
+    world,
+    comm,
+    wfbp,
+    iters=3,
+    staleness=0,
+    workers=1,
+    watch=None,
+    resume=None,
+    bucket_bytes=None,
+    transport=None,
+    **fields,
+):
     """Train ``world`` nodes in threads; -> (solvers, nodes, poseidons). ``watch(rank, pos,
     solver)`` runs after every iteration on every node; node 0 alone snapshots, and restores
     ``resume`` (a .solverstate) first when given."""
@@ -55,10 +67,18 @@ def run(world, comm, wfbp, iters=3, staleness=0, workers=1, watch=None, resume=N
         s.param.snapshot, s.param.snapshot_after_train = 0, False
     if resume:
         solvers[0].restore(resume)
-    ts = mesh(world, 1 << 22)
+    ts = mesh(world, 1 << 22, transport or SocketTransport)
     slots = staleness + 2 if wfbp else None
     nodes = [
-        Node(s, t, staleness=staleness, workers=workers, gradient_slots=slots, resume=bool(resume) and r == 0)
+        Node(
+            s,
+            t,
+            staleness=staleness,
+            workers=workers,
+            gradient_slots=slots,
+            resume=bool(resume) and r == 0,
+            bucket_bytes=bucket_bytes,
+        )
         for r, (s, t) in enumerate(zip(solvers, ts))
     ]
     logs = [[] for _ in range(world)]
@@ -146,6 +166,79 @@ def test_every_mode_computes_what_one_process_computes(bsp_reference, world, com
         measured = p.measured_bytes(3)
         for name, (rule, headers) in p.predicted_bytes().items():
             assert abs(measured[name] - (rule + headers)) <= 0.05 * (rule + headers), (p.rank, name)
+
+
+# LeNet's learnable blobs: conv1 w b, conv2 w b, ip1 w b, ip2 w b
+LENET_COUNTS = [500, 20, 25000, 50, 400000, 500, 5000, 10]
+LENET_LAYER = [1, 1, 3, 3, 5, 5, 7, 7]
+
+
+def test_bucket_plan():
+    """Buckets hold whole layers, consecutive in the flat vector, closed at the first layer
+    boundary past the cap (walking from the last layer back) or at a blob the shards do not serve."""
+    every = range(8)
+    assert plan_buckets(LENET_COUNTS, every, LENET_LAYER, 4, 0) == [[i] for i in every]
+    assert plan_buckets(LENET_COUNTS, every, LENET_LAYER, 4, 1) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # 1 MiB: ip2 (20 KB) is too small alone, ip2 + ip1 (1.6 MB) closes; conv1 + conv2 are the rest
+    assert plan_buckets(LENET_COUNTS, every, LENET_LAYER, 4, 1 << 20) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert plan_buckets(LENET_COUNTS, every, LENET_LAYER, 4, 1 << 30) == [list(every)]
+    # hybrid on LeNet: ip1 synchronizes itself (SFB), so ip2 cannot share a bucket with conv2
+    assert plan_buckets(LENET_COUNTS, [0, 1, 2, 3, 6, 7], LENET_LAYER, 4, 1 << 20) == [[0, 1, 2, 3], [6, 7]]
+
+
+@pytest.mark.parametrize(
+    "world,comm,wfbp,cap",
+    [(2, "ps", True, 0), (2, "ps", False, 1), pytest.param(3, "hybrid", True, 1 << 30, marks=pytest.mark.slow)],
+)
+def test_buckets_compute_what_one_process_computes(bsp_reference, world, comm, wfbp, cap):
+    """Any cap (0: every blob alone, 1 byte: every layer alone, 1 GiB: one bucket) trains exactly
+    as one process; one GRAD and one PARAM frame per bucket and peer; bytes follow the cost rule
+    (bucketing changes the headers only)."""
+    solvers, nodes, pos = run(world, comm, wfbp, bucket_bytes=cap)
+    for s in solvers:
+        assert_matches(s, bsp_reference)
+    for node, p in zip(nodes, pos):
+        want = plan_buckets(LENET_COUNTS, node.ps_blobs, LENET_LAYER, 4, cap)
+        assert sorted(node.buckets.values()) == want
+        st = node.transport.stats
+        for kind in ("GRAD", "PARAM"):
+            assert {key for k, key in list(st.sent) + list(st.received) if k == kind} == {b[0] for b in want}
+        measured = p.measured_bytes(3)
+        for name, (rule, headers) in p.predicted_bytes().items():
+            assert abs(measured[name] - (rule + headers)) <= 0.05 * (rule + headers), (p.rank, name)
+
+
+class OrderChecked(SocketTransport):
+    """A transport that checks, as each PARAM frame leaves, that the shard has already marked
+    its own state: the slice's version, and the clock as applied once every bucket is."""
+
+    problems = []
+
+    def start(self, handler):
+        self.node = handler
+        super().start(handler)
+
+    def send(self, dst, kind, key, clock, array=None, payload=None):
+        node = getattr(self, "node", None)
+        if kind == F.PARAM and node is not None:
+            with node.cv:
+                mine = [node.versions[i, node.rank] for b in node.served for i in node.buckets[b]]
+                if any(node.versions[i, node.rank] < clock for i in node.buckets[key]):
+                    self.problems.append(f"PARAM {key} of version {clock} left before its slice was marked")
+                if min(mine) >= clock and node.server_version < clock:
+                    self.problems.append(f"the last PARAM of version {clock} left before the clock was applied")
+        super().send(dst, kind, key, clock, array, payload)
+
+
+def test_a_shard_marks_its_update_before_the_parameters_leave():
+    """Regression: a node holding every slice of version c + 1 pushes clock c + 1 at once; a
+    shard that sent its last PARAM before marking clock c as applied (and lost the core in
+    between, as under load) refused that gradient ("gradient of clock c + 1 while this shard is
+    at version c") and stopped the run."""
+    OrderChecked.problems = []
+    for cap in (0, None):
+        run(2, "ps", True, bucket_bytes=cap, transport=OrderChecked)
+    assert not OrderChecked.problems, OrderChecked.problems[:3]
 
 
 @pytest.mark.parametrize("rule", ["Nesterov", pytest.param("Adam", marks=pytest.mark.slow)])

@@ -63,6 +63,25 @@ def add_arguments(parser):
         help="wait-free backprop: sync each layer as soon as its backward is done (default auto: on, unless "
         "this machine's nodes outnumber its cores, where nothing is left to overlap)",
     )
+    g.add_argument(
+        "--bucket-kb",
+        type=float,
+        default=None,
+        help="gradient buckets: the parameter server syncs consecutive layers together, in buckets of at "
+        "least this many KiB (as PyTorch DDP's bucket_cap_mb; default 1024; 0: every blob on its own)",
+    )
+
+
+def bucket_bytes(args):
+    """``--bucket-kb`` in bytes (the default: ps.DEFAULT_BUCKET_BYTES)."""
+    from .ps import DEFAULT_BUCKET_BYTES
+
+    kb = getattr(args, "bucket_kb", None)
+    if kb is None:
+        return DEFAULT_BUCKET_BYTES
+    if kb < 0:
+        raise DistError(f"--bucket-kb must be >= 0 (0: one bucket per blob), got {kb:g}")
+    return int(kb * 1024)
 
 
 def wfbp_setting(args, world=2):
@@ -231,10 +250,14 @@ def config_hashes(solver):
 def make_transport(args, solver, log):
     settings = node_settings(args)
     from .poseidon import frame_limit
+    from .ps import frame_bound
 
-    limit = max(max(p.count for p in solver.net.learnable_params) * solver.net.dtype.itemsize, frame_limit(solver.net))
+    limit = max(frame_bound(solver.net, bucket_bytes(args)), frame_limit(solver.net))
     config = config_hashes(solver)
-    config["communication"] = f"--comm {args.comm}, --wfbp {args.wfbp or 'auto'}"  # every node must agree
+    # every node must agree (the buckets decide which frames travel)
+    config["communication"] = (
+        f"--comm {args.comm}, --wfbp {args.wfbp or 'auto'}, --bucket-kb {bucket_bytes(args) / 1024:g}"
+    )
     link = None
     if args.link:
         link = (parse_rate(args.link), parse_delay(args.link_delay))
@@ -330,7 +353,14 @@ def train(solver, args, log, out_dir=None):
         log(f"WFBP {'on' if wfbp else 'off'} ({why})")
     slots = args.staleness + 2 if wfbp else None  # WFBP: the next clock's gradients go to another slot
     node = Node(
-        solver, transport, staleness=args.staleness, workers=args.workers, log=log, resume=resume, gradient_slots=slots
+        solver,
+        transport,
+        staleness=args.staleness,
+        workers=args.workers,
+        log=log,
+        resume=resume,
+        gradient_slots=slots,
+        bucket_bytes=bucket_bytes(args),
     )
     from .poseidon import Poseidon
 

@@ -12,7 +12,7 @@ runs exactly as across machines; only the processes are missing.
 import threading
 
 from .launch import config_hashes
-from .ps import Node
+from .ps import Node, frame_bound
 from .sockets import SocketTransport
 
 SECRET = b"minicaffe-local-test-secret"
@@ -47,15 +47,15 @@ def make_mesh(world, configs, limit, log=None, link=None, **kwargs):
     return ts
 
 
-def run_nodes(solvers, iters=None, staleness=0, workers=1, link=None, setup=None, log=None):
+def run_nodes(solvers, iters=None, staleness=0, workers=1, link=None, setup=None, log=None, bucket_bytes=None):
     """Train ``solvers`` (one per node, built alike) as P nodes in threads for ``iters``
     iterations (default: ``solve()`` to max_iter).  ``setup(node)`` runs on each Node before
     it starts (where a runtime adds its hooks).  -> the Nodes (``report()``, ``finish`` done);
     the first node's error is raised."""
     world = len(solvers)
-    limit = max(p.count for p in solvers[0].net.learnable_params) * solvers[0].net.dtype.itemsize
+    limit = frame_bound(solvers[0].net, bucket_bytes)
     ts = make_mesh(world, [config_hashes(s) for s in solvers], limit, log=log, link=link)
-    nodes = [Node(s, t, staleness=staleness, workers=workers) for s, t in zip(solvers, ts)]
+    nodes = [Node(s, t, staleness=staleness, workers=workers, bucket_bytes=bucket_bytes) for s, t in zip(solvers, ts)]
     errors = {}
 
     def run(r):

@@ -166,8 +166,13 @@ class Poseidon:
         self.timeline_window = (2, 12)  # past clock 0 (numba compiles) and clock 1
         self._watch = []  # (clock, layer, started): PS syncs whose end the watcher records
         self.lock = threading.Lock()
+        # the SFB thread's own condition (on the Node's lock): woken when a layer's factors are
+        # all here, not by every frame the node receives
+        self.work = threading.Condition(node.lock)
+        node.wake_on_error.append(self.work)
         # -- join the Node, the replicas and the Solver
         node.ps_blobs = [i for i in range(node.n_blobs) if i not in self.sfb_blobs]
+        node.plan_shards()  # the gradient buckets over the PS blobs only
         node.hooked_push = node.deferred_wait = self.wfbp
         node.combined_by_hooks = self.wfbp and node.n_workers > 1
         node.extra_waits.append(self.wait_all)
@@ -194,6 +199,8 @@ class Poseidon:
             self.log(
                 f"WFBP {'on' if self.wfbp else 'off'}; {len(self.sfb)} SFB layer(s), {len(node.ps_blobs)} PS blob(s)"
             )
+            if node.ps_blobs:
+                self.log(node.bucket_plan())
 
     # -- Solver callbacks ----------------------------------------------------------------------
     def on_start(self, solver):
@@ -408,7 +415,7 @@ class Poseidon:
             if n == self.world:
                 del self.arrivals[key]
                 self.ready.append(key)
-                self.node.cv.notify_all()
+                self.work.notify()
 
     def _serve(self):
         """This node's SFB thread: rebuild and update each (clock, layer) whose blocks are all here."""
@@ -417,7 +424,7 @@ class Poseidon:
             while True:
                 with node.cv:
                     while not self.ready and not self.closed and node.error is None:
-                        node.cv.wait(0.5)
+                        self.work.wait(0.5)
                     if self.closed or node.error is not None:
                         return
                     work = sorted(self.ready)
@@ -508,64 +515,87 @@ class Poseidon:
             self._wait_layer(l, version)
 
     # -- reports -------------------------------------------------------------------------------
-    def measured_bytes(self, iterations):
-        """{layer name: bytes sent + received per iteration} from the transport's counters
-        (payload + the 48-byte header of every frame)."""
-        st = self.node.transport.stats
-        out = {}
+    def units(self):
+        """What synchronizes on its own, in layer order: (name, 'SFB', layer) for an SFB layer,
+        (name, 'PS', bucket key) for a bucket of PS blobs (one blob, or whole layers)."""
+        node, out = self.node, []
         for c in self.costs:
             if c.index in self.sfb:
-                w = self.sfb[c.index].blobs[0]
+                out.append((c.index, c.name, "SFB", c.index))
+        for b, blobs in node.buckets.items():
+            out.append((self.blob_layer[blobs[0]], node.bucket_name(b), "PS", b))
+        return [(name, method, key) for _, name, method, key in sorted(out, key=lambda u: (u[0], u[3]))]
+
+    def measured_bytes(self, iterations):
+        """{unit name: bytes sent + received per iteration} from the transport's counters
+        (payload + the 48-byte header of every frame); units as ``units()``."""
+        st = self.node.transport.stats
+        out = {}
+        for name, method, key in self.units():
+            if method == "SFB":
+                w = self.sfb[key].blobs[0]
                 keys = [("FACTOR", 2 * w), ("FACTOR", 2 * w + 1)]
             else:
-                keys = [(k, i) for i in c.params for k in ("GRAD", "PARAM")]
+                keys = [("GRAD", key), ("PARAM", key)]
             with st.lock:
                 n = sum(st.sent.get(k, 0) + st.received.get(k, 0) for k in keys)
-            out[c.name] = n / max(iterations, 1)
+            out[name] = n / max(iterations, 1)
         return out
 
     def predicted_bytes(self):
-        """{layer name: (rule bytes, header bytes)} per iteration for this node.
+        """{unit name: (rule bytes, header bytes)} per iteration for this node.
 
-        Headers: PS sends and receives a GRAD and a PARAM frame per blob per peer (4 (P-1)
-        frames per blob); SFB a u and a v frame per peer each way (4 (P-1) per layer)."""
-        out = {}
-        frames = 4 * (self.world - 1)
-        for c in self.costs:
-            if c.index in self.sfb:
-                s = self.sfb[c.index]
+        The rule: an SFB layer's factors (SFB = 2K(P1-1)(M+N) floats, with this run's uneven K);
+        a PS bucket's n floats, PS = 2n(P1+P2-2)/P2 summed over its layers. Headers: an SFB
+        layer sends and receives a u and a v frame per peer (4 (P-1)); a PS bucket a GRAD and a
+        PARAM frame per peer each way (4 (P-1), fewer where a tiny bucket leaves a shard empty).
+        Bucketing changes the headers only."""
+        out, node, P = {}, self.node, self.world
+        cost_of = {c.index: c for c in self.costs}
+        for name, method, key in self.units():
+            if method == "SFB":
+                s = self.sfb[key]
                 mine = s.rows[self.rank]
                 others = sum(s.rows) - mine
-                floats = (mine * (self.world - 1) + others) * (s.m + s.n)
-                out[c.name] = (floats * c.itemsize, frames * F.HEADER_SIZE)
+                floats = (mine * (P - 1) + others) * (s.m + s.n)
+                out[name] = (floats * cost_of[key].itemsize, 4 * (P - 1) * F.HEADER_SIZE)
             else:
-                out[c.name] = (c.floats * c.itemsize, frames * F.HEADER_SIZE * len(c.params))
+                bounds = node.bucket_bounds[key]
+                n = bounds[-1][1] - bounds[0][0]
+                mine = bounds[self.rank][1] - bounds[self.rank][0]
+                floats = 2 * (n - mine) + 2 * (P - 1) * mine  # push + pull; as a shard: receive + answer
+                others = sum(1 for s, (lo, hi) in enumerate(bounds) if s != self.rank and hi > lo)
+                frames = 2 * others + (2 * (P - 1) if mine else 0)
+                out[name] = (floats * node.dtype.itemsize, frames * F.HEADER_SIZE)
         return out
 
     def bytes_table(self, iterations):
         measured = self.measured_bytes(iterations)
         lines = [
             f"bytes per iteration on node {self.rank} ({self.comm}, WFBP {'on' if self.wfbp else 'off'}):",
-            f"  {'layer':<10} {'method':<6} {'predicted':>12} {'+ headers':>10} {'measured':>12} {'ratio':>7}",
+            f"  {'layers':<16} {'method':<6} {'predicted':>12} {'+ headers':>10} {'measured':>12} {'ratio':>7}",
         ]
+        methods = {name: method for name, method, _ in self.units()}
         for name, (rule, head) in self.predicted_bytes().items():
-            method = "SFB" if any(s.name == name for s in self.sfb.values()) else "PS"
+            method = methods[name]
             m = measured[name]
             lines.append(
-                f"  {name:<10} {method:<6} {rule:>12,.0f} {head:>10,} {m:>12,.0f} {m / max(rule + head, 1):>7.3f}"
+                f"  {name:<16} {method:<6} {rule:>12,.0f} {head:>10,} {m:>12,.0f} {m / max(rule + head, 1):>7.3f}"
             )
         return "\n".join(lines)
 
     def report(self, iterations):
         """For train_log.json: per layer the method, predicted and measured bytes per iteration."""
         measured = self.measured_bytes(iterations)
+        methods = {name: method.lower() for name, method, _ in self.units()}
         return {
             "comm": self.comm,
             "wfbp": self.wfbp,
+            "bucket_bytes": self.node.bucket_bytes,
             "sfb_wait_s": self.sfb_wait,
             "layers": {
                 name: {
-                    "method": "sfb" if any(s.name == name for s in self.sfb.values()) else "ps",
+                    "method": methods[name],
                     "predicted_bytes": rule,
                     "header_bytes": head,
                     "measured_bytes": measured[name],
@@ -579,6 +609,7 @@ class Poseidon:
         with self.node.cv:
             self.closed = True
             self.node.cv.notify_all()
+            self.work.notify_all()
         for h in self.handles:
             h.remove()
         self.handles = []

@@ -109,6 +109,61 @@ def blob_names(net):
     return names
 
 
+def blob_layers(net):
+    """The layer index that owns each learnable blob (in ``net.learnable_params`` order)."""
+    out, k = [], 0
+    for l, layer in enumerate(net.layers):
+        for _ in layer.blobs:
+            if net.params_owner[k] is None:
+                out.append(l)
+            k += 1
+    return out
+
+
+# PyTorch DDP's ``bucket_cap_mb`` is 25 MB (1 MB for the first bucket); Caffe-sized nets on
+# commodity links want the first bucket's overlap more than DDP's large ones: 1 MiB keeps
+# LeNet's and CIFAR-10 quick's small layers together (2 and 3 buckets instead of 8 and 10 blobs)
+# while every layer of AlexNet's classifier stays a bucket of its own
+DEFAULT_BUCKET_BYTES = 1 << 20
+
+
+def plan_buckets(counts, ps_blobs, layer_of, itemsize, cap_bytes):
+    """Gradient buckets: lists of consecutive blob indices, in layout order.
+
+    Walks the parameter-server blobs from the last one back (the order the backward produces
+    them, as PyTorch DDP's buckets); a bucket holds whole layers and closes at the first layer
+    boundary where it has ``cap_bytes`` or more, or where the next blob is not a PS blob (a
+    bucket is one contiguous range of the flat vectors: its frames need no copies).
+    ``cap_bytes`` 0: one bucket per blob (no coalescing)."""
+    ps = set(ps_blobs)
+    buckets, cur, size = [], [], 0
+    for i in sorted(ps, reverse=True):
+        if cur:
+            gap = i != cur[0] - 1
+            full = cap_bytes == 0 or (size >= cap_bytes and layer_of[i] != layer_of[cur[0]])
+            if gap or full:
+                buckets.append(cur)
+                cur, size = [], 0
+        cur.insert(0, i)
+        size += counts[i] * itemsize
+    if cur:
+        buckets.append(cur)
+    return sorted(buckets)
+
+
+def frame_bound(net, bucket_bytes=None):
+    """The largest GRAD or PARAM payload a run of ``net`` can send (what a receiver refuses
+    beyond): a bucket closes at the first layer boundary past its cap, so it is smaller than
+    the cap plus the largest layer's blobs, and never more than the whole net."""
+    cap = DEFAULT_BUCKET_BYTES if bucket_bytes is None else int(bucket_bytes)
+    item = net.dtype.itemsize
+    per_layer = {}
+    for i, l in enumerate(blob_layers(net)):
+        per_layer[l] = per_layer.get(l, 0) + net.learnable_params[i].count * item
+    total = sum(per_layer.values())
+    return min(total, cap + max(per_layer.values(), default=0))
+
+
 class _StopGuard:
     """Node 0's callback: a stop request (Ctrl-C, SIGTERM) that arrives after this iteration's
     sync is deferred to the next one, where STOP tells every node to end at the same iteration
@@ -127,7 +182,9 @@ class _StopGuard:
 class Node:
     """One node of a distributed run.  Built by ``minicaffe.dist.train`` around the Solver."""
 
-    def __init__(self, solver, transport, staleness=0, workers=1, log=None, resume=False, gradient_slots=None):
+    def __init__(
+        self, solver, transport, staleness=0, workers=1, log=None, resume=False, gradient_slots=None, bucket_bytes=None
+    ):
         self.solver, self.transport = solver, transport
         self.rank, self.world = transport.rank, transport.world
         self.staleness, self.n_workers = int(staleness), int(workers)
@@ -198,34 +255,32 @@ class Node:
             self.Gk = np.zeros((self.n_workers, P), self.dtype)
             for k, (_, lay) in enumerate(self.replicas):
                 lay.attach_diff(self.Gk[k])
-        # -- this node's shard of every blob
-        self.bounds = [shard_bounds(n, self.world) for n in self.layout.counts]
-        mine = [b[self.rank] for b in self.bounds]
-        self.shard_net = ShardNet(net, [hi - lo for lo, hi in mine])
+        # -- this node's shard: planned in start() (the buckets depend on ``ps_blobs``)
         sp = p.copy()
         for field in ("test_iter", "test_net", "test_net_param", "test_state"):
             sp.clear(field)
         sp.random_seed = -1
         sp.clip_gradients = -1
-        self.shard_solver = solver_class(solver.type)(sp, train_net=self.shard_net, log=_quiet)
+        self._shard_param = sp
         self.clip = float(p.clip_gradients)
-        # receive buffers of the shard: [slot][src][blob]
-        self.gbuf = [
-            [[np.empty(hi - lo, self.dtype) for lo, hi in mine] if s != self.rank else None for s in range(self.world)]
-            for _ in range(self.n_slots)
-        ]
+        self.bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else int(bucket_bytes)
+        if self.bucket_bytes < 0:
+            raise DistError(f"the bucket cap must be >= 0 bytes (0: one bucket per blob), got {self.bucket_bytes}")
+        self.blob_layer = blob_layers(net)
         self.nbuf = [[np.zeros(1, np.float64) for _ in range(self.world)] for _ in range(self.n_slots)]
         # -- state shared between the compute thread, the receivers and the server thread
-        self.cv = threading.Condition()
+        # one lock, two conditions: ``cv`` wakes the threads that wait for parameters and
+        # control (the compute thread, Poseidon's waits), ``work`` wakes the server thread only
+        # when a bucket's gradients are all here (not on every frame that arrives)
+        self.lock = threading.RLock()
+        self.cv = threading.Condition(self.lock)
+        self.work = threading.Condition(self.lock)
+        self.wake_on_error = [self.work]  # more conditions on ``lock`` to wake when the run fails
         self.error = None
-        self.versions = np.zeros((self.n_blobs, self.world), np.int64)  # slice version per (blob, shard)
-        for i, b in enumerate(self.bounds):
-            for s, (lo, hi) in enumerate(b):
-                if hi == lo:
-                    self.versions[i, s] = 1 << 60  # an empty slice is always fresh
-        self.arrivals = {}  # (clock, blob) -> count of gradient slices arrived at this shard
+        self.arrivals = {}  # (clock, bucket) -> count of gradient slices arrived at this shard
+        self.pushed = {}  # (clock, bucket) -> blobs of the bucket this node has pushed
         self.norm_arrivals = {}
-        self.ready = []  # (clock, blob) whose P slices are all here, in completion order
+        self.ready = []  # (clock, bucket) whose P slices are all here, in completion order
         self.applied = {}  # clock -> blobs updated by this shard
         self.hist_requests = set()
         self.hist_pending = 0
@@ -239,6 +294,7 @@ class Node:
         self.hooked_push = self.deferred_wait = self.combined_by_hooks = False
         self.history_asked = False
         self.extra_waits = []
+        self.plan_shards()  # (again in start(), once the extension point has set ps_blobs)
         self.clock = 0  # the clock being computed
         self.server_version = 0  # clocks below it are applied by this shard
         self.calls = 0
@@ -272,6 +328,7 @@ class Node:
     # -- start-up ----------------------------------------------------------------------------
     def start(self):
         """Connect the handler, agree on the initial state (rank 0's), start the server thread."""
+        self.plan_shards()
         self.transport.start(self)
         solver = self.solver
         if self.rank == 0:
@@ -316,6 +373,92 @@ class Node:
         self.shard_solver.current_step = solver.current_step
         self.server.start()
 
+    def plan_shards(self):
+        """Buckets and this node's shard of each.
+
+        Every bucket (``plan_buckets``: consecutive blobs, one range of the flat vectors) is cut
+        into P contiguous slices, and shard s owns slice s of every bucket; a blob's part of a
+        shard is the intersection (``bounds[i][s]``, possibly empty: a bucket of small layers
+        may leave a whole bias on one shard). So a bucket travels as one GRAD frame to each
+        shard and one PARAM frame back, straight from and into the node's own vectors. Blobs
+        the shards do not serve (``ps_blobs``: Poseidon's SFB layers) keep 1/P of each."""
+        P, counts, offsets = self.world, self.layout.counts, self.layout.offsets
+        plan = plan_buckets(counts, self.ps_blobs, self.blob_layer, self.dtype.itemsize, self.bucket_bytes)
+        self.buckets = {b[0]: b for b in plan}  # key (its first blob) -> blobs
+        self.bucket_of = {i: b[0] for b in plan for i in b}
+        self.bucket_bounds = {}  # key -> [(lo, hi)] per shard, in the flat vectors
+        self.bounds = [shard_bounds(n, P) for n in counts]
+        for key, blobs in self.buckets.items():
+            start = offsets[key]
+            n = sum(counts[i] for i in blobs)
+            self.bucket_bounds[key] = [(start + lo, start + hi) for lo, hi in shard_bounds(n, P)]
+            for i in blobs:
+                a, z = offsets[i], offsets[i] + counts[i]
+                self.bounds[i] = [
+                    (min(max(lo, a), z) - a, max(min(max(lo, a), z), min(hi, z)) - a)
+                    for lo, hi in self.bucket_bounds[key]
+                ]
+        mine = [b[self.rank] for b in self.bounds]
+        # the shard's parameters in one vector, blob after blob: a bucket's slice is contiguous
+        self.shard_offsets = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in mine])]).astype(int)
+        self.shard_W = np.empty(int(self.shard_offsets[-1]), self.dtype)
+        self.shard_net = ShardNet(self.solver.net, [hi - lo for lo, hi in mine])
+        for i, blob in enumerate(self.shard_net.learnable_params):
+            blob.attach(self.shard_W[self.shard_offsets[i] : self.shard_offsets[i + 1]], blob.flat_diff)
+        self.shard_solver = solver_class(self.solver.type)(self._shard_param, train_net=self.shard_net, log=_quiet)
+        # receive buffers of the shard, the same layout: [slot][src] -> one vector per peer
+        self.gflat = [
+            [np.empty(self.shard_W.size, self.dtype) if s != self.rank else None for s in range(P)]
+            for _ in range(self.n_slots)
+        ]
+        self.gbuf = [
+            [
+                [g[self.shard_offsets[i] : self.shard_offsets[i + 1]] for i in range(self.n_blobs)]
+                if g is not None
+                else None
+                for g in row
+            ]
+            for row in self.gflat
+        ]
+        # the buckets this shard updates (a bucket smaller than P elements leaves some shards none)
+        self.served = [b for b in sorted(self.buckets) if self._mine(b, self.shard_W).size]
+        self.n_served = sum(len(self.buckets[b]) for b in self.served)
+        self.versions = np.zeros((self.n_blobs, P), np.int64)  # slice version per (blob, shard)
+        for i, b in enumerate(self.bounds):
+            for s, (lo, hi) in enumerate(b):
+                if hi == lo:
+                    self.versions[i, s] = 1 << 60  # an empty slice is always fresh
+
+    def _mine(self, key, flat):
+        """This shard's slice of bucket ``key`` in a vector laid out as ``shard_W``."""
+        blobs = self.buckets[key]
+        return flat[self.shard_offsets[blobs[0]] : self.shard_offsets[blobs[-1] + 1]]
+
+    def bucket_name(self, key):
+        """'conv1/w' for a bucket of one blob, 'conv1+conv2' for whole layers."""
+        blobs = self.buckets.get(key)
+        if blobs is None:
+            return str(key)
+        if len(blobs) == 1:
+            return self.blob_names[key]
+        names = []
+        for i in blobs:
+            name = self.blob_names[i].rsplit("/", 1)[0]
+            if name not in names:
+                names.append(name)
+        return "+".join(names)
+
+    def bucket_plan(self):
+        """The buckets as text, for the start-up log."""
+        cap = f"{self.bucket_bytes / 1024:g} KiB" if self.bucket_bytes else "0 (one per blob)"
+        lines = [
+            f"gradient buckets (cap {cap}, last layers first): {len(self.buckets)} for {len(self.ps_blobs)} PS blob(s)"
+        ]
+        for key in sorted(self.buckets, reverse=True):
+            n = sum(self.layout.counts[i] for i in self.buckets[key])
+            lines.append(f"  {self.bucket_name(key):<24} {n * self.dtype.itemsize / 1024:>10.1f} KiB")
+        return "\n".join(lines)
+
     def _init_done(self):
         p = self.init_pending
         if p["state"] is None or p["init"] > 0:
@@ -333,17 +476,19 @@ class Node:
     # -- the transport's handler -------------------------------------------------------------
     def destination(self, src, h):
         kind, i = h.kind, h.key
-        if kind in (F.GRAD, F.PARAM, F.INIT) and not 0 <= i < self.n_blobs:
+        if kind == F.INIT and not 0 <= i < self.n_blobs:
             raise F.FrameError(f"{F.KIND_NAMES[kind]} for blob {i}; the net has {self.n_blobs}")
+        if kind in (F.GRAD, F.PARAM) and i not in self.buckets:
+            raise F.FrameError(f"{F.KIND_NAMES[kind]} for key {i}, which is not the first blob of a bucket")
         if kind == F.GRAD:
             with self.cv:
                 v = self.server_version if self.server.is_alive() else None
             if v is not None and not v <= h.clock <= v + self.staleness:
                 raise F.FrameError(f"gradient of clock {h.clock} while this shard is at version {v}")
-            return self.gbuf[h.clock % self.n_slots][src][i]
+            return self._mine(i, self.gflat[h.clock % self.n_slots][src])
         if kind == F.PARAM:
-            lo, hi = self.bounds[i][src]
-            return self.layout.slice(self.W, i)[lo:hi]
+            lo, hi = self.bucket_bounds[i][src]
+            return self.W[lo:hi]
         if kind == F.INIT:
             if self.rank == 0 or src != 0:
                 raise F.FrameError("INIT frames come only from node 0 to the others")
@@ -366,11 +511,15 @@ class Node:
         kind = h.kind
         if kind in self.extra_handlers:
             return self.extra_handlers[kind].arrived(src, h, array)
-        with self.cv:
-            if kind == F.GRAD:
+        if kind == F.GRAD:  # wakes the server thread only once the bucket is complete
+            with self.cv:
                 self._count_gradient(h.clock, h.key)
-            elif kind == F.PARAM:
-                self.versions[h.key, src] = h.clock
+            return
+        with self.cv:
+            if kind == F.PARAM:
+                for i in self.buckets[h.key]:
+                    if self.bounds[i][src][1] > self.bounds[i][src][0]:
+                        self.versions[i, src] = h.clock
             elif kind == F.INIT and self.init_pending is not None:
                 self.init_pending["init"] -= 1
             elif kind == F.HIST:
@@ -426,6 +575,8 @@ class Node:
         if self.error is None:
             self.error = message
         self.cv.notify_all()
+        for cv in self.wake_on_error:
+            cv.notify_all()
 
     def _raise_if_failed(self):
         if self.error is not None:
@@ -447,31 +598,31 @@ class Node:
             self.timeline.append(("compute", self._t_layer, self._now(), label))
 
     # -- the server shard ----------------------------------------------------------------------
-    def _count_gradient(self, clock, i):
-        key = (clock, i)
+    def _count_gradient(self, clock, b):
+        key = (clock, b)
         n = self.arrivals.get(key, 0) + 1
         self.arrivals[key] = n
         if n == self.world:
             del self.arrivals[key]
             self.ready.append(key)
-            self.cv.notify_all()
+            self.work.notify()
 
     def _serve(self):
-        """The shard's server thread: reduce and update each (clock, blob) whose slices are all here."""
+        """The shard's server thread: reduce and update each (clock, bucket) whose slices are all here."""
         try:
             while True:
                 with self.cv:
                     while not self.ready and not self._stop_server and self.error is None:
-                        self.cv.wait(0.5)
+                        self.work.wait(0.5)
                     if self.error is not None or (self._stop_server and not self.ready):
                         return
                     batch = list(self.ready)
                     self.ready.clear()
-                for clock, i in batch:
+                for clock, b in batch:
                     if self.clip >= 0:
-                        self._serve_clipped(clock, i)
+                        self._serve_clipped(clock, b)
                     else:
-                        self._update(clock, [i])
+                        self._update(clock, [b])
         except Exception as exc:  # noqa: BLE001  (stops the run with the reason)
             self.failed(f"the server shard on node {self.rank} failed: {type(exc).__name__}: {exc}")
 
@@ -487,12 +638,13 @@ class Node:
             else:
                 d += part
 
-    def _serve_clipped(self, clock, i):
-        """clip_gradients: the update of a clock needs the global norm, so wait for every blob."""
-        self._reduce(clock, i)
+    def _serve_clipped(self, clock, b):
+        """clip_gradients: the update of a clock needs the global norm, so wait for every bucket."""
+        for i in self.buckets[b]:
+            self._reduce(clock, i)
         done = self.applied.setdefault(("reduced", clock), set())
-        done.add(i)
-        if len(done) < self.n_blobs:
+        done.add(b)
+        if len(done) < len(self.served):
             return
         del self.applied[("reduced", clock)]
         slot = clock % self.n_slots
@@ -516,9 +668,11 @@ class Node:
                 self.log(
                     f"Gradient clipping: scaling down gradients (L2 norm {norm:.6g} > {self.clip:g}) by {scale:.6g}"
                 )
-        self._update(clock, range(self.n_blobs), reduced=True)
+        self._update(clock, self.served, reduced=True)
 
-    def _update(self, clock, blobs, reduced=False):
+    def _update(self, clock, buckets, reduced=False):
+        """Reduce and update this shard's slice of each bucket, send it to every node (one PARAM
+        frame per bucket and node) and into this node's own parameter vector."""
         ss = self.shard_solver
         t0, c0 = self._now(), time.thread_time()
         if ss.iter != clock:
@@ -526,26 +680,35 @@ class Node:
             self._rate = ss.learning_rate()
         elif not hasattr(self, "_rate"):
             self._rate = ss.learning_rate()
-        for i in blobs:
-            if not reduced:
-                self._reduce(clock, i)
-            lo, hi = self.bounds[i][self.rank]
-            if hi > lo:
-                ss.update_parameter(i, self._rate)
-            fresh = self.shard_net.learnable_params[i].flat_data
-            for dst in range(self.world):
-                if dst != self.rank and hi > lo:
-                    self.transport.send(dst, F.PARAM, i, clock + 1, fresh)
+        for b in buckets:
+            blobs = self.buckets[b]
+            for i in blobs:
+                if not reduced:
+                    self._reduce(clock, i)
+                lo, hi = self.bounds[i][self.rank]
+                if hi > lo:
+                    ss.update_parameter(i, self._rate)
+            fresh = self._mine(b, self.shard_W)
+            # this shard's own state first, the frames after: a node that has every slice of
+            # version c + 1 may push gradients of clock c + 1 at once (with WFBP during its next
+            # backward), and they must find this shard at version c + 1 even where the server
+            # thread loses the core between the two steps
             with self.cv:
-                self.layout.slice(self.W, i)[lo:hi] = fresh
-                self.versions[i, self.rank] = max(self.versions[i, self.rank], clock + 1)
+                lo, hi = self.bucket_bounds[b][self.rank]
+                self.W[lo:hi] = fresh
                 done = self.applied.setdefault(clock, set())
-                done.add(i)
-                complete = len(done) == len(self.ps_blobs)
+                for i in blobs:
+                    self.versions[i, self.rank] = max(self.versions[i, self.rank], clock + 1)
+                    done.add(i)
+                complete = len(done) == self.n_served
                 if complete:
                     del self.applied[clock]
                     self.server_version = clock + 1
                 self.cv.notify_all()
+            if fresh.size:
+                for dst in range(self.world):
+                    if dst != self.rank:
+                        self.transport.send(dst, F.PARAM, b, clock + 1, fresh)
             if complete and (clock + 1) in self.hist_requests:
                 self._send_history(clock + 1)
                 with self.cv:  # only now: node 0's snapshot waits for this
@@ -555,8 +718,8 @@ class Node:
             self.busy["server"][0] += self._now() - t0
             self.busy["server"][1] += time.thread_time() - c0
         if self._recording(clock):
-            blobs = list(blobs)
-            what = self.blob_names[blobs[0]] if len(blobs) == 1 else f"{len(blobs)} blobs"
+            buckets = list(buckets)
+            what = self.bucket_name(buckets[0]) if len(buckets) == 1 else f"{len(buckets)} buckets"
             self.timeline.append(("server", t0, self._now(), f"update {what}"))
 
     def _send_history(self, version):
@@ -580,26 +743,34 @@ class Node:
         return self.layout.slice(self.W, i)
 
     def push(self, i, clock=None):
-        """Sync blob i's gradient of ``clock`` now: scale it by this node's share, send every
-        shard its slice (queued; returns at once) and count our own slice at our shard."""
+        """Blob i's gradient of ``clock`` is final: scale it by this node's share; once every blob
+        of its bucket is, sync the bucket (send every shard its slice: queued, returns at once;
+        count our own slice at our shard)."""
         clock = self.clock if clock is None else clock
         g = self.grad(i, clock)
         g *= self.scale
+        b = self.bucket_of[i]
+        blobs = self.buckets[b]
+        if len(blobs) > 1:
+            with self.cv:
+                key = (clock, b)
+                n = self.pushed.get(key, 0) + 1
+                if n < len(blobs):
+                    self.pushed[key] = n
+                    return
+                self.pushed.pop(key, None)
         t = self._now()
-        for s in range(self.world):
-            lo, hi = self.bounds[i][s]
+        G = self.G[clock % self.n_slots]
+        for s, (lo, hi) in enumerate(self.bucket_bounds[b]):
             if hi == lo:
-                with self.cv:
-                    if s == self.rank:
-                        self._count_gradient(clock, i)
-                continue
+                continue  # (a bucket smaller than P elements: shard s has none of it)
             if s == self.rank:
                 with self.cv:
-                    self._count_gradient(clock, i)
+                    self._count_gradient(clock, b)
             else:
-                self.transport.send(s, F.GRAD, i, clock, g[lo:hi])
+                self.transport.send(s, F.GRAD, b, clock, G[lo:hi])
         if self._recording(clock):
-            self.timeline.append(("compute", t, self._now(), f"push {self.blob_names[i]}"))
+            self.timeline.append(("compute", t, self._now(), f"push {self.bucket_name(b)}"))
 
     def wait_params(self, i, version):
         """Block until every slice of blob i has at least ``version``."""
@@ -763,6 +934,7 @@ class Node:
         with self.cv:
             self._stop_server = True
             self.cv.notify_all()
+            self.work.notify_all()
         self.server.join(30)
         self.transport.flush()  # the last parameters this node broadcast are counted in its report
         mine = self.report()
@@ -786,6 +958,8 @@ class Node:
         """The blob a frame's key names (an extra handler's own kinds name their keys themselves)."""
         if kind in self.extra_handlers:
             return self.extra_handlers[kind].key_name(kind, key)
+        if kind in (F.GRAD, F.PARAM):
+            return self.bucket_name(key)
         return self.blob_names[key] if 0 <= key < self.n_blobs else str(key)
 
     def report(self):
@@ -793,13 +967,13 @@ class Node:
         clocks = max(self.solver.iter - (self.iter0 or 0), 1)
         per = self.transport.stats.by_key()
         sent, received = self.transport.stats.totals()
-        layers = {
-            self.blob_names[i]: {
-                "sent": per.get(i, [0, 0])[0],
-                "received": per.get(i, [0, 0])[1],
-                "wait_s": float(self.wait_time[i]),
+        layers = {  # per bucket (a blob, or whole layers): its frames carry the bucket's first blob as key
+            self.bucket_name(b): {
+                "sent": per.get(b, [0, 0])[0],
+                "received": per.get(b, [0, 0])[1],
+                "wait_s": float(sum(self.wait_time[i] for i in blobs)),
             }
-            for i in range(self.n_blobs)
+            for b, blobs in sorted(self.buckets.items())
         }
         return {
             "rank": self.rank,
