@@ -435,6 +435,202 @@ def conv_bwd_filter_v4_implicit(x, dy, ph, pw, sh, sw, dh, dw, dwt):
             _gemm._gemm_micro_cols(one, dyb[:, :nb], False, buf[: p1 - p0, :nb], True, dw2[:, p0:p1], 0, p1 - p0)
 
 
+# -- v6: direct convolution over shifted rows (few input channels: LeNet's conv1) ------------------------
+# With stride 1, output pixel (oh, ow) of tap (c, i, j) reads the padded input at flat position
+# c*Hp*Wp + (oh + i*dh)*Wp + (ow + j*dw) = q + off[c, i, j], where q = oh*Wp + ow indexes an output
+# grid as wide as the padded input: the Wp - OW extra columns of each row are computed and thrown
+# away.  So each tap is one long AXPY, acc[m, q] += w[m, tap] * xpad[off[tap] + q], over all OH*Wp
+# positions at once -- not a row of 8-24 values as in v2 -- and the input is read where it lies:
+# no column matrix, no GEMM.  A stride s > 1 is computed at stride 1 and sampled (s*s the work;
+# the engine uses this rung only at stride 1).
+
+
+@njit(nogil=True, cache=True)
+def _shifted_setup(C, H, W, kh, kw, ph, pw, dh, dw):
+    """Padded plane (Hp, Wp), the stride-1 output grid's rows OH1 and length L = OH1*Wp, the
+    taps' flat offsets into the padded image, and its buffer (with the slack the last tap reads)."""
+    Hp, Wp = H + 2 * ph, W + 2 * pw
+    OH1 = Hp - dh * (kh - 1)
+    offs = np.empty(C * kh * kw, np.int64)
+    for c in range(C):
+        for i in range(kh):
+            for j in range(kw):
+                offs[(c * kh + i) * kw + j] = c * Hp * Wp + i * dh * Wp + j * dw
+    return Hp, Wp, OH1, OH1 * Wp, offs, C * Hp * Wp + dw * (kw - 1)
+
+
+@njit(nogil=True, cache=True)
+def _shifted_pad(x, n, ph, pw, Hp, Wp, xb):
+    """xb = image n of x, zero-padded to (C, Hp, Wp), then zeros (the slack)."""
+    C, H, W = x.shape[1], x.shape[2], x.shape[3]
+    xb[:] = 0
+    for c in range(C):
+        for h in range(H):
+            o = c * Hp * Wp + (h + ph) * Wp + pw
+            xb[o : o + W] = x[n, c, h]
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _shifted_axpy(w4, i0, offs, xb, acc, L):
+    """acc[k, :L] = sum over taps t of w4[i0 + k, t] * xb[offs[t] : offs[t] + L] for k < 4:
+    kernels.gemm's AXPY kernel with B's rows the shifted input, four rows of acc and four taps
+    per pass, so each vector load and store of acc carries four FMAs and each load of the input
+    four more.  The four rows (4 x L values: 11 KB for LeNet's conv1) stay in L1 across all the
+    taps and the epilogue that reads them."""
+    T = w4.shape[1]
+    t4 = T - T % 4
+    acc[:, :L] = 0
+    c0, c1, c2, c3 = acc[0, :L], acc[1, :L], acc[2, :L], acc[3, :L]
+    i1, i2, i3 = i0 + 1, i0 + 2, i0 + 3
+    for t in range(0, t4, 4):
+        b0, b1 = xb[offs[t] : offs[t] + L], xb[offs[t + 1] : offs[t + 1] + L]
+        b2, b3 = xb[offs[t + 2] : offs[t + 2] + L], xb[offs[t + 3] : offs[t + 3] + L]
+        x00, x01, x02, x03 = w4[i0, t], w4[i0, t + 1], w4[i0, t + 2], w4[i0, t + 3]
+        x10, x11, x12, x13 = w4[i1, t], w4[i1, t + 1], w4[i1, t + 2], w4[i1, t + 3]
+        x20, x21, x22, x23 = w4[i2, t], w4[i2, t + 1], w4[i2, t + 2], w4[i2, t + 3]
+        x30, x31, x32, x33 = w4[i3, t], w4[i3, t + 1], w4[i3, t + 2], w4[i3, t + 3]
+        for q in range(L):
+            u, v, s, z = b0[q], b1[q], b2[q], b3[q]
+            c0[q] += x00 * u + x01 * v + x02 * s + x03 * z
+            c1[q] += x10 * u + x11 * v + x12 * s + x13 * z
+            c2[q] += x20 * u + x21 * v + x22 * s + x23 * z
+            c3[q] += x30 * u + x31 * v + x32 * s + x33 * z
+    for t in range(t4, T):  # the last T % 4 taps, one at a time
+        b0 = xb[offs[t] : offs[t] + L]
+        x00, x10, x20, x30 = w4[i0, t], w4[i1, t], w4[i2, t], w4[i3, t]
+        for q in range(L):
+            u = b0[q]
+            c0[q] += x00 * u
+            c1[q] += x10 * u
+            c2[q] += x20 * u
+            c3[q] += x30 * u
+
+
+@njit(nogil=True, cache=True)
+def shifted_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y):
+    """y = conv(x, w) + bias for every image of x: the v6 forward (bias (M,) or (0,) for none)."""
+    N, C, H, W, M, kh, kw, OH, OW = _geometry(x, w, ph, pw, sh, sw, dh, dw, y)
+    Hp, Wp, OH1, L, offs, nb = _shifted_setup(C, H, W, kh, kw, ph, pw, dh, dw)
+    M4 = (M + 3) // 4 * 4
+    w4 = np.zeros((M4, C * kh * kw), y.dtype)  # zero weights past M: four rows per pass
+    w4[:M] = w.reshape(M, C * kh * kw)
+    xb = np.empty(nb, y.dtype)
+    acc = np.empty((4, L), y.dtype)
+    for n in range(N):
+        _shifted_pad(x, n, ph, pw, Hp, Wp, xb)
+        for i0 in range(0, M, 4):
+            _shifted_axpy(w4, i0, offs, xb, acc, L)
+            for m in range(i0, min(i0 + 4, M)):  # the epilogue: valid (strided) columns + bias
+                b = bias[m] if bias.size else y.dtype.type(0)
+                for oh in range(OH):
+                    row = acc[m - i0, oh * sh * Wp : oh * sh * Wp + (OW - 1) * sw + 1]
+                    yr = y[n, m, oh]
+                    if sw == 1:  # unit stride: a loop LLVM vectorizes
+                        for ow in range(OW):
+                            yr[ow] = row[ow] + b
+                    else:
+                        for ow in range(OW):
+                            yr[ow] = row[ow * sw] + b
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
+def _shifted_dots(g, offs, xb, L, dw2):
+    """dw2[m, t] += dot(g[m, :L], xb[offs[t] : offs[t] + L]): the weight gradient of one image,
+    four rows of g and three taps per pass (12 accumulators, as kernels.gemm's micro-kernel;
+    reassociation lets LLVM vectorize each along q)."""
+    M, T = dw2.shape
+    t3 = T - T % 3
+    for i0 in range(0, M, 4):
+        r = min(4, M - i0)
+        i1, i2, i3 = i0 + min(1, r - 1), i0 + min(2, r - 1), i0 + min(3, r - 1)
+        g0, g1, g2, g3 = g[i0, :L], g[i1, :L], g[i2, :L], g[i3, :L]
+        for t in range(0, T, 3):
+            n3 = 3 if t < t3 else T - t
+            b0 = xb[offs[t] : offs[t] + L]
+            b1 = xb[offs[t + min(1, n3 - 1)] : offs[t + min(1, n3 - 1)] + L]
+            b2 = xb[offs[t + min(2, n3 - 1)] : offs[t + min(2, n3 - 1)] + L]
+            z = dw2.dtype.type(0)
+            s00 = s01 = s02 = s10 = s11 = s12 = s20 = s21 = s22 = s30 = s31 = s32 = z
+            for q in range(L):
+                u, v, e = b0[q], b1[q], b2[q]
+                a, b, c, d = g0[q], g1[q], g2[q], g3[q]
+                s00 += a * u
+                s01 += a * v
+                s02 += a * e
+                s10 += b * u
+                s11 += b * v
+                s12 += b * e
+                s20 += c * u
+                s21 += c * v
+                s22 += c * e
+                s30 += d * u
+                s31 += d * v
+                s32 += d * e
+            dw2[i0, t] += s00
+            if r > 1:
+                dw2[i1, t] += s10
+            if r > 2:
+                dw2[i2, t] += s20
+            if r > 3:
+                dw2[i3, t] += s30
+            if n3 > 1:
+                dw2[i0, t + 1] += s01
+                if r > 1:
+                    dw2[i1, t + 1] += s11
+                if r > 2:
+                    dw2[i2, t + 1] += s21
+                if r > 3:
+                    dw2[i3, t + 1] += s31
+            if n3 > 2:
+                dw2[i0, t + 2] += s02
+                if r > 1:
+                    dw2[i1, t + 2] += s12
+                if r > 2:
+                    dw2[i2, t + 2] += s22
+                if r > 3:
+                    dw2[i3, t + 2] += s32
+
+
+@njit(nogil=True, cache=True)
+def shifted_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt, db):
+    """dwt (M, C, kh, kw) += the weight gradient and db (M,) += the bias gradient (db of size 0:
+    none) over every image: the v6 backward, accumulating as Caffe's parameter diffs do.  dy is
+    spread onto the wide output grid (zeros in the extra columns), then one dot product per
+    (m, tap) over the whole image."""
+    N, C, H, W, M, kh, kw, OH, OW = _geometry(x, dwt, ph, pw, sh, sw, dh, dw, dy)
+    Hp, Wp, OH1, L, offs, nb = _shifted_setup(C, H, W, kh, kw, ph, pw, dh, dw)
+    dw2 = dwt.reshape(M, C * kh * kw)
+    xb = np.empty(nb, x.dtype)
+    g = np.zeros((M, L), x.dtype)
+    for n in range(N):
+        _shifted_pad(x, n, ph, pw, Hp, Wp, xb)
+        for m in range(M):
+            s = g.dtype.type(0)
+            for oh in range(OH):
+                row = g[m, oh * sh * Wp : oh * sh * Wp + (OW - 1) * sw + 1]
+                dr = dy[n, m, oh]
+                if sw == 1:
+                    for ow in range(OW):
+                        row[ow] = dr[ow]
+                else:
+                    for ow in range(OW):
+                        row[ow * sw] = dr[ow]
+                for ow in range(OW):
+                    s += dr[ow]
+            if db.size:
+                db[m] += s
+        _shifted_dots(g, offs, xb, L, dw2)
+
+
+def conv_fwd_v6_shifted(x, w, bias, ph, pw, sh, sw, dh, dw, y):
+    shifted_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y)
+
+
+def conv_bwd_filter_v6_shifted(x, dy, ph, pw, sh, sw, dh, dw, dwt):
+    dwt[...] = 0
+    shifted_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt, dwt[:0, 0, 0, 0])
+
+
 VERSIONS = {
     "conv_fwd": {
         "v1_naive": conv_fwd_v1_naive,
@@ -442,6 +638,7 @@ VERSIONS = {
         "v3_im2col_blas": conv_fwd_v3_im2col_blas,
         "v4_implicit": conv_fwd_v4_implicit,
         "v5_implicit_prange": conv_fwd_v5_implicit_prange,
+        "v6_shifted": conv_fwd_v6_shifted,
     },
     "conv_bwd_data": {
         "v1_naive": conv_bwd_data_v1_naive,
@@ -452,6 +649,7 @@ VERSIONS = {
         "v1_naive": conv_bwd_filter_v1_naive,
         "v3_im2col_blas": conv_bwd_filter_v3_im2col_blas,
         "v4_implicit": conv_bwd_filter_v4_implicit,
+        "v6_shifted": conv_bwd_filter_v6_shifted,
     },
 }
 DEFAULTS = {"conv_fwd": "v3_im2col_blas", "conv_bwd_data": "v3_im2col_blas", "conv_bwd_filter": "v3_im2col_blas"}

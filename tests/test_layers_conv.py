@@ -89,6 +89,8 @@ CONV_CASES = [
     ((3, 1, 6, 5), 2, "kernel_size: 1", (0, 0), (1, 1), (1, 1), 1, False),
     ((1, 4, 5, 3), 6, "kernel_size: 1", (0, 0), (1, 1), (1, 1), 2, True),  # one image: the image is col
     ((1, 3, 4, 5), 2, "kernel_size: 1 pad: 1 stride: 2", (1, 1), (2, 2), (1, 1), 1, True),
+    # 16 x 3 x 3 = 144 taps at stride 1: more than the CPU's direct kernel takes, so im2col + GEMM
+    ((2, 16, 5, 6), 3, "kernel_size: 3 pad: 1", (1, 1), (1, 1), (1, 1), 1, True),
 ]
 
 

@@ -518,12 +518,13 @@ def test_layers_declare_what_the_planner_needs():
     caffe.set_random_seed(1)
     net = caffe.Net(os.path.join(ROOT, "nets", "lenet_train_test.prototxt"), caffe.TRAIN)
     net.layers[0].stop()
-    conv, pool = net.layer_dict["conv1"], net.layer_dict["pool1"]
+    conv, pool = net.layer_dict["conv2"], net.layer_dict["pool1"]
     assert [s.name for s in pool.scratch()] == ["mask"] and pool.scratch()[0].span == "layer"
     assert conv.scratch() == []  # columns are allocated by the first forward
     net.forward_backward()
     spans = {s.name: s.span for s in conv.scratch()}
     assert spans == {"col": "layer", "out": "call"}
+    assert net.layer_dict["conv1"].scratch() == []  # one input channel: the CPU's direct kernel, no columns
     conv.recompute = True
     assert {s.name: s.span for s in conv.scratch()}["col"] == "call"
     s = conv.scratch()[0]

@@ -43,6 +43,19 @@ def col2im(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
     _im2col.col2im(L, col, kh, kw, ph, pw, sh, sw, dh, dw, x)
 
 
+def conv_direct(channels, kh, kw, sh, sw):
+    """No direct convolution kernels on the GPU: the layer runs im2col + cuBLAS."""
+    return False
+
+
+def conv_direct_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y):
+    raise NotImplementedError("the GPU backends have no direct convolution (conv_direct is False)")
+
+
+def conv_direct_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt, db):
+    raise NotImplementedError("the GPU backends have no direct convolution (conv_direct is False)")
+
+
 def max_pool_fwd(x, kh, kw, sh, sw, ph, pw, y, mask):
     pooling.max_pool_fwd(L, x, kh, kw, sh, sw, ph, pw, y, mask)
 

@@ -72,6 +72,27 @@ def col2im(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
     raise NotImplementedError
 
 
+def conv_direct(channels, kh, kw, sh, sw):
+    """Whether this backend convolves ``channels`` input channels with a (kh, kw) kernel at stride
+    (sh, sw) (one group) faster directly, without a column matrix, than by im2col + GEMM: then
+    a Convolution layer runs ``conv_direct_fwd`` and ``conv_direct_bwd_filter`` for it.  A
+    backend without direct kernels always says False (and never has them called)."""
+    raise NotImplementedError
+
+
+def conv_direct_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y):
+    """y (N, M, OH, OW) = x (N, C, H, W) convolved with w (M, C, kh, kw), plus bias (M,) (size 0:
+    none), with no column matrix.  Only for a geometry ``conv_direct`` accepts."""
+    raise NotImplementedError
+
+
+def conv_direct_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt, db):
+    """dwt (M, C, kh, kw) += the weight gradient and db (M,) += the bias gradient (size 0: none)
+    of that convolution, from its input x and top diff dy, with no column matrix.  Only for a
+    geometry ``conv_direct`` accepts."""
+    raise NotImplementedError
+
+
 # -- pooling (kernels/pooling.py) -------------------------------------------------------------------
 def max_pool_fwd(x, kh, kw, sh, sw, ph, pw, y, mask):
     """x (N, C, H, W) -> y, mask (N, C, PH, PW); mask int32 = h*W + w of each window's maximum
@@ -197,6 +218,9 @@ FUNCTIONS = (
     gemm,
     im2col,
     col2im,
+    conv_direct,
+    conv_direct_fwd,
+    conv_direct_bwd_filter,
     max_pool_fwd,
     max_pool_bwd,
     ave_pool_fwd,

@@ -7,6 +7,7 @@ each forwards to its kernel family.  The kernel modules are looked up at call ti
 
 import numpy as np
 
+from kernels import conv as _conv
 from kernels import elementwise, pooling, sgd, softmax
 from kernels import gemm as _gemm
 from kernels import im2col as _im2col
@@ -47,6 +48,26 @@ def im2col(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
 def col2im(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
     """col (C*kh*kw, N*OH*OW) -> x (N, C, H, W), summing overlapping patches (x is overwritten)."""
     _im2col.col2im(col, kh, kw, ph, pw, sh, sw, dh, dw, x)
+
+
+#: most taps (C*kh*kw) for which the direct kernel (kernels/conv.py v6_shifted) runs a stride-1
+#: convolution.  Measured on one core against the layer's im2col + BLAS with its buffers kept,
+#: it is 1.3-2x faster on LeNet's conv1 (25 taps) and CIFAR-10 quick's conv1 (75 taps), and
+#: slower at a few hundred taps on small images (LeNet's conv2: 500 taps, 8-wide output rows
+#: computed 12 wide) -- docs/CPU_SPEED.md
+DIRECT_MAX_TAPS = 128
+
+
+def conv_direct(channels, kh, kw, sh, sw):
+    return sh == 1 and sw == 1 and channels * kh * kw <= DIRECT_MAX_TAPS
+
+
+def conv_direct_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y):
+    _conv.shifted_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y)
+
+
+def conv_direct_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt, db):
+    _conv.shifted_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt, db)
 
 
 # -- pooling ----------------------------------------------------------------------------------

@@ -139,6 +139,8 @@ class _ConvBase(Layer):
         self._out = _Scratch(self.xp, self.dtype)
         self._dparams = _Scratch(self.xp, self.dtype)
         self._col_key = None
+        self._direct = False
+        self._nobias = self.xp.empty(0, self.dtype)  # "no bias" for the backend's direct kernels
 
     def check_bottoms(self, bottom):
         first = bottom[0]
@@ -186,14 +188,23 @@ class Convolution(_ConvBase):
             )
         self.out_h, self.out_w = oh, ow
         self._pointwise = (self.kh, self.kw, self.ph, self.pw, self.sh, self.sw) == (1, 1, 0, 0, 1, 1)
+        # few input taps (LeNet's conv1): the backend's direct kernels, no columns, where it has them
+        cg = self.channels // self.group
+        self._direct = self.group == 1 and self.backend.conv_direct(cg, self.kh, self.kw, self.sh, self.sw)
         for t in top:
             t.reshape(n, self.num_output, oh, ow)
         self._col_key = None
 
     # -- the GEMMs, on one chunk of images (one lane's share of a round) ----------------------------
     def _forward_chunk(self, lane, x, y):
-        """x (n, C, H, W) -> y (n, M, OH, OW); leaves im2col(x) in the lane's column buffer."""
+        """x (n, C, H, W) -> y (n, M, OH, OW); leaves im2col(x) in the lane's column buffer,
+        unless the backend's direct kernel took the convolution (few input taps: no columns)."""
         be, G = self.backend, self.group
+        if self._direct:
+            bias = self.blobs[1].dev_data if self.bias_term else self._nobias
+            geo = (self.ph, self.pw, self.sh, self.sw, self.dh, self.dw)
+            be.conv_direct_fwd(x, self.blobs[0].dev_data, bias, *geo, y)
+            return
         n = x.shape[0]
         M = self.num_output
         K = self.channels // G * self.kh * self.kw
@@ -224,13 +235,25 @@ class Convolution(_ConvBase):
         M = self.num_output
         K = self.channels // G * self.kh * self.kw
         P = n * self.out_h * self.out_w
-        col = x.reshape(G * K, P) if self._pointwise and n == 1 else self._col.part(lane, G * K, P)
         if lane:
             part = self._dparams.part(lane - 1, M * K + M)
             dw, db, beta = part[: M * K].reshape(M, K), part[M * K :], 0.0
         else:
             dw, db, beta = self.blobs[0].dev_diff.reshape(M, K), None, 1.0
+        want_dw = self.param_propagate_down[0]
         want_db = self.bias_term and self.param_propagate_down[1]
+        if self._direct and want_dw:
+            # the backend's direct kernel accumulates both parameter gradients straight from x
+            # and dy (no columns; lane k > 0: into its zeroed block)
+            if lane:
+                part[...] = 0
+            gb = (db if lane else self.blobs[1].dev_diff) if want_db else self._nobias
+            geo = (self.ph, self.pw, self.sh, self.sw, self.dh, self.dw)
+            be.conv_direct_bwd_filter(x, dy, *geo, dw.reshape(self.blobs[0].shape), gb)
+            if dx is None:
+                return
+            want_dw = want_db = False
+        col = x.reshape(G * K, P) if self._pointwise and n == 1 else self._col.part(lane, G * K, P)
         dout = dy.reshape(M, P) if n == 1 else self._out.part(lane, M, P)
         if want_db and not lane:
             # the bias gradient and the (n, M, S) -> (M, n*S) transpose the GEMMs read, in one pass
@@ -241,7 +264,7 @@ class Convolution(_ConvBase):
                 dout.reshape(M, n, -1)[...] = dy.reshape(n, M, -1).transpose(1, 0, 2)
             if want_db:
                 db[...] = dout.sum(axis=1)
-        if self.param_propagate_down[0]:
+        if want_dw:
             if not reuse and not (self._pointwise and n == 1):
                 self.im2col(x, col, self.out_h, self.out_w)  # forward's columns are gone
             grouped_gemm(be, G, False, True, dout, col, beta, dw)
@@ -264,13 +287,15 @@ class Convolution(_ConvBase):
         size = per * nl
         return [(s, [(a, min(a + per, n)) for a in range(s, min(s + size, n), per)]) for s in range(0, n, size)]
 
-    def _reserve(self, parts):
-        """Size the buffers for a round before its lanes start (they only take views)."""
+    def _reserve(self, parts, gemm=True):
+        """Size the buffers for a round before its lanes start (they only take views); the
+        column and GEMM buffers only where GEMMs run (``gemm``)."""
         G, M = self.group, self.num_output
         K = self.channels // G * self.kh * self.kw
         P = max(b - a for a, b in parts) * self.out_h * self.out_w
-        self._col.reserve(len(parts), G * K * P)
-        self._out.reserve(len(parts), M * P)
+        if gemm:
+            self._col.reserve(len(parts), G * K * P)
+            self._out.reserve(len(parts), M * P)
         if len(parts) > 1:
             self._dparams.reserve(len(parts) - 1, M * K + M)
 
@@ -278,9 +303,9 @@ class Convolution(_ConvBase):
         for i, (b, t) in enumerate(zip(bottom, top)):
             x, y = b.dev_data, t.dev_data
             for s, parts in self._rounds(b.shape[0]):
-                self._reserve(parts)
+                self._reserve(parts, gemm=not self._direct)
                 lanes.run([self._lane(self._forward_chunk, k, x[a:z], y[a:z]) for k, (a, z) in enumerate(parts)])
-                self._col_key = (i, s)  # the column buffers hold im2col of this round
+                self._col_key = None if self._direct else (i, s)  # the column buffers hold im2col of this round
         if self.recompute:
             self._col_key = None  # backward runs im2col again (Caffe's behaviour)
 
@@ -303,7 +328,7 @@ class Convolution(_ConvBase):
                 rounds.sort(key=lambda r: r[0] != self._col_key[1])
             for s, parts in rounds:
                 reuse = self._col_key == (i, s)
-                self._reserve(parts)
+                self._reserve(parts, gemm=not (self._direct and self.param_propagate_down[0]) or dx is not None)
                 lanes.run(
                     [
                         self._lane(self._backward_chunk, k, reuse, x[a:z], dy[a:z], None if dx is None else dx[a:z])
