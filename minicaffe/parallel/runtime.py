@@ -44,6 +44,7 @@ hung worker is named.  A second Ctrl-C aborts.  A worker thread still busy when 
 left behind (a daemon thread, reported); that trainer then refuses to run again.
 """
 
+import math
 import signal
 import threading
 import time
@@ -56,6 +57,7 @@ from ..memory.flat import ParamLayout
 from ..memory.planner import Arena, history_buffers, plan_net
 from . import blas
 from .replica import build_replica, shard_bounds
+from .shard import ShardPlan, why_not
 
 
 class WorkerError(SolverError):
@@ -88,8 +90,9 @@ class WorkerTimeout(WorkerError):
 class _Abandoned(Exception):
     """Raised inside the Solver's loop to leave an iteration the workers cannot finish."""
 
-    def __init__(self, late):
+    def __init__(self, late, consistent=True):
         self.late = late  # [(worker, thread name, iteration)] not done
+        self.consistent = consistent  # False: a sharded update was under way, W is mixed
 
 
 #: seconds a worker may take for one iteration before it is called hung
@@ -105,6 +108,8 @@ class ParallelTrainer:
     ``blas_threads``: BLAS threads per process while training (default cores // n_workers).
     ``recompute``: convolutions recompute im2col in backward (less memory, a little more time).
     ``worker_timeout``: seconds a worker may take to deliver one iteration (None: no deadline).
+    ``shard_update``: where it applies (shard.py), the workers do the server's reduce and SGD
+    update, each on its own range of the parameters (default); False: the server does both.
     Use ``solve()`` / ``step(n)`` as the Solver's; ``stats()`` says where the time went;
     ``memory_sections()`` feeds minicaffe.memory.report.
     """
@@ -118,10 +123,12 @@ class ParallelTrainer:
         recompute=False,
         log=None,
         worker_timeout=DEFAULT_WORKER_TIMEOUT,
+        shard_update=True,
     ):
         if worker_timeout is not None and not worker_timeout > 0:
             raise SolverError(f"worker_timeout must be a positive number of seconds (or None), got {worker_timeout}")
         self.worker_timeout = worker_timeout
+        self.shard_update = bool(shard_update)
         self._generation, self._left_behind = 0, []
         if n_workers < 1:
             raise SolverError(f"--workers must be at least 1, got {n_workers}")
@@ -172,7 +179,12 @@ class ParallelTrainer:
         self._build_arena(recompute)
         self.blas_threads = blas_threads or max(1, blas.cores() // self.n)
         self._lock = threading.Lock()
+        # one lock, two conditions: the workers wait on _cv, the server on _cv_server, so an
+        # event wakes only the threads that wait for it
         self._cv = threading.Condition(self._lock)
+        self._cv_server = threading.Condition(self._lock)
+        self._grads_zeroed = False  # every G_k is zero (a sharded run ended cleanly)
+        self.sharded = False  # the last run's reduce + update ran on the workers (shard.py)
         self._threads = []
         self._installed = False
         self.timing = {}
@@ -201,6 +213,7 @@ class ParallelTrainer:
         self.layout.attach_diff(self.G)
         for b, off in zip(hist, off_h):
             b.attach(arena.view(off, b.count, b.dtype))
+        self.H = [arena.view(off, P, dt) for off in off_h]  # each history buffer, flat
         for k, lay in enumerate(self.rep_layouts):
             lay.attach_data(self.W, copy=False)
             lay.attach_diff(self.grads[k, 0])
@@ -269,7 +282,9 @@ class ParallelTrainer:
                 f"Run {why} while worker {k} ({name}) had not finished iteration {it}: that iteration is abandoned"
             )
         state = None
-        if timed_out or final:
+        if not stop.consistent:
+            self.log("The sharded update of that iteration was under way: the parameters are not snapshotted")
+        elif timed_out or final:
             state = solver.snapshot()[1]
         if timed_out:
             k, name, it = stop.late[0]
@@ -314,15 +329,34 @@ class ParallelTrainer:
             "worker_compute": [0.0] * self.n,
             "worker_wait": [0.0] * self.n,
             "worker_copy": [0.0] * self.n,
+            "worker_sync": [0.0] * self.n,
+            "worker_update": [0.0] * self.n,
             "clocks": 0,
             "wall": 0.0,
             "staleness": {},  # c - (updates applied when a worker started clock c) -> how often
         }
         self._t_return = None
+        self._complete = 0  # clocks whose N gradients are all in
+        self._updates, self._rates = {}, {}
+        reading = [type(cb).__name__ for cb in solver.callbacks if callable(getattr(cb, "on_gradients_ready", None))]
+        self.why_not_sharded = why_not(solver, self.staleness, reading) if self.shard_update else ["shard_update=False"]
+        self.sharded = not self.why_not_sharded
+        if self.sharded:
+            self._shards = ShardPlan(
+                self.layout.offsets,
+                self.layout.counts,
+                solver.net.params_lr,
+                [solver.param.weight_decay * d for d in solver.net.params_weight_decay],
+                self.n,
+            )
+            if not self._grads_zeroed:
+                self.grads[...] = 0
+            solver.set_updater(self._sharded_update)
+        self._grads_zeroed = False
         self._saved_blas = blas.get_threads()
         blas.set_threads(self.blas_threads)
         solver.set_gradient_source(self._gather)
-        solver.add_callback(self)  # on_iteration: publish the update, fetch ahead
+        solver.add_callback(self)  # on_start: the rate; on_iteration: publish the update, fetch ahead
         for _, layer in self.data_layers:
             layer.set_position_source(self._data_state)
         self._previous_sigint = None
@@ -346,13 +380,25 @@ class ParallelTrainer:
         self._t0 = time.perf_counter()
         for t in self._threads:
             t.start()
-        self._fetch_until(self.staleness * self.iter_size)
+        self._fetch_until(self._lookahead(0))
         mode = "BSP" if not self.staleness else f"SSP, staleness {self.staleness}"
+        update = (
+            "reduce + update sharded over the workers"
+            if self.sharded
+            else f"reduce + update on the server ({'; '.join(self.why_not_sharded)})"
+        )
         self.log(
             f"Training with {self.n} worker thread(s) ({mode}), "
             f"shards {[hi - lo for lo, hi in self.bounds[self.data_layers[0][1].name]]} of the batch of "
-            f"{self.batch}, BLAS threads {self.blas_threads}"
+            f"{self.batch}, BLAS threads {self.blas_threads}, {update}"
         )
+
+    def _lookahead(self, clock):
+        """The last clock whose batch should be fetched while the server is at ``clock``: the
+        staleness window, plus one more, so that the next batch is read while the workers still
+        compute this one (the reader's position in snapshots is that of the solver's next
+        batch either way: _data_state)."""
+        return clock + self.staleness * self.iter_size + 1
 
     def _uninstall(self):
         solver = self.solver
@@ -364,6 +410,12 @@ class ParallelTrainer:
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.perf_counter()))
         self._left_behind = [t for t in self._threads if t.is_alive()]
+        # a clean sharded run leaves every G_k zeroed by its last update (none delivered since)
+        self._grads_zeroed = (
+            self.sharded and not self._left_behind and self._error is None and max(self._delivered) < self._applied
+        )
+        if self.sharded:
+            solver.set_updater(None)
         for t in self._left_behind:
             self.log(f"{t.name} is still busy: it is left behind and ends when its computation returns")
         self._threads = []
@@ -400,7 +452,7 @@ class ParallelTrainer:
                 self._losses[c] = [0.0] * self.n
                 self._outputs[c] = [None] * self.n
                 self._fetched = c + 1
-                self._cv.notify_all()
+                self._cv.notify_all()  # the workers; the server does not wait for batches
             self._positions.pop(c - 2 * self.n_slots - 2, None)
         self.timing["server_fetch"] += time.perf_counter() - t0
 
@@ -409,10 +461,10 @@ class ParallelTrainer:
         c = self._clock
         if c >= self._limit:  # the solver asks beyond the run (it does not)
             self._limit = c + 1
-        self._fetch_until(c + self.staleness * self.iter_size)
+        self._fetch_until(self._lookahead(c))
         t0 = time.perf_counter()
         stop_seen = None
-        with self._cv:
+        with self._cv_server:
             while self._done.get(c, 0) < self.n and self._error is None:
                 now = time.perf_counter()
                 if self.solver.requested_stop and stop_seen is None:
@@ -421,7 +473,7 @@ class ParallelTrainer:
                     self.worker_timeout is not None and now - t0 > self.worker_timeout
                 ):
                     self._abandon(c)
-                self._cv.wait(0.2)
+                self._cv_server.wait(0.2)
             if self._error is not None:
                 k, kc, exc = self._error
                 raise WorkerError(k, self._iter0 + kc // self.iter_size, exc) from exc
@@ -432,7 +484,9 @@ class ParallelTrainer:
             self._nonfinite(c, losses)
         slot = c % self.n_slots
         G = self.G
-        if self.n == 1:
+        if self.sharded:
+            pass  # the workers reduce into G as they update (_sharded_update)
+        elif self.n == 1:
             G += self.grads[0, slot]
         else:
             # one gemv over the flat gradients; on the CPU np.dot, not @ (numpy's matmul was seen
@@ -457,7 +511,43 @@ class ParallelTrainer:
         it = self._iter0 + c // self.iter_size
         late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._delivered[k] < c]
         self._clock = (c // self.iter_size) * self.iter_size
+        self._stop = True  # (the lock is held) no worker may start the sharded update of c now
         raise _Abandoned(late)
+
+    def on_start(self, solver):
+        """A solver callback, each iteration before its gradients: with the sharded update,
+        publish this iteration's learning rate, which lets the workers update W as soon as all
+        gradients are in.  It comes after the iteration's test and the clearing of the diffs,
+        so the workers never write W or G while the server reads them."""
+        if not self.sharded:
+            return
+        rate = solver.learning_rate()
+        with self._cv:
+            self._rates[self._clock] = rate
+            self._cv.notify_all()
+
+    def _sharded_update(self, solver, rate):
+        """The Solver's updater while the workers update: wait until every shard of this
+        clock's update is in W (shard.py does the arithmetic of SGDSolver's update)."""
+        c = self._clock - 1
+        t0 = time.perf_counter()
+        with self._cv_server:
+            if self._rates.get(c) != rate:
+                raise SolverError(
+                    f"iteration {solver.iter}: the learning rate changed between the start of the iteration "
+                    f"({self._rates.get(c)}) and its update ({rate}); the sharded update needs it fixed"
+                )
+            while self._applied <= c and self._error is None:
+                if self.worker_timeout is not None and time.perf_counter() - t0 > self.worker_timeout:
+                    it = self._iter0 + c
+                    late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._updates.get(c, 0) < self.n]
+                    self._stop = True
+                    raise _Abandoned(late[:1], consistent=False)
+                self._cv_server.wait(0.2)
+            if self._error is not None:
+                k, kc, exc = self._error
+                raise WorkerError(k, self._iter0 + kc, exc) from exc
+            del self._rates[c]
 
     def _nonfinite(self, c, losses):
         from ..checks import explain_nonfinite
@@ -476,10 +566,11 @@ class ParallelTrainer:
         if self._t_return is not None:
             self.timing["server_update"] += now - self._t_return
         with self._cv:
-            self._applied = self._clock
+            if not self.sharded:  # (sharded: the workers set it)
+                self._applied = self._clock
+                self._cv.notify_all()
             self.timing["clocks"] = self._clock
-            self._cv.notify_all()
-        self._fetch_until(self._clock + self.staleness * self.iter_size)
+        self._fetch_until(self._lookahead(self._clock))
 
     # -- the workers ---------------------------------------------------------------------------
     def _ready(self, c):
@@ -507,7 +598,7 @@ class ParallelTrainer:
                 if self.n_slots > 1 and c % self.n_slots != slot:
                     slot = c % self.n_slots
                     lay.attach_diff(self.grads[k, slot])
-                else:
+                elif not self.sharded:  # (sharded: the last update zeroed every G_k)
                     self.grads[k, slot][...] = 0
                 for name, blobs in inputs.items():
                     lo, hi = self.bounds[name][k]
@@ -527,13 +618,50 @@ class ParallelTrainer:
                     tm["worker_wait"][k] += t1 - t0
                     tm["worker_copy"][k] += t2 - t1
                     tm["worker_compute"][k] += t3 - t2
-                    self._cv.notify_all()
+                    if self._done[c] == self.n:
+                        # a non-finite loss is the server's to report (_nonfinite): nothing of
+                        # that clock may reach W, so the workers are not let through
+                        if all(math.isfinite(x) for x in self._losses[c]):
+                            self._complete = c + 1
+                        self._cv_server.notify_all()
+                        if self.sharded:
+                            self._cv.notify_all()
+                if self.sharded and not self._update_shard(k, c, generation):
+                    return
                 c += 1
         except BaseException as exc:  # noqa: BLE001  (handed to the server)
             with self._cv:
                 if self._error is None:
                     self._error = (k, c, exc)
                 self._cv.notify_all()
+                self._cv_server.notify_all()
+
+    def _update_shard(self, k, c, generation):
+        """Worker ``k``'s part of clock ``c``'s update (shard.py), once all N gradients and
+        the iteration's rate are in; the last worker to finish publishes W.  False: stop."""
+        tm = self.timing
+        t0 = time.perf_counter()
+        with self._cv:
+            while not (self._stop or self._error is not None or (self._complete > c and c in self._rates)):
+                self._cv.wait(0.5)
+            if self._stop or self._error is not None or generation != self._generation:
+                return False
+            rate = self._rates[c]
+        t1 = time.perf_counter()
+        self._shards.run(k, self.grads[:, 0], self.weights, self.W, self.G, self.H[0], rate, self.solver.param.momentum)
+        t2 = time.perf_counter()
+        with self._cv:
+            if generation != self._generation:
+                return False
+            self._updates[c] = self._updates.get(c, 0) + 1
+            tm["worker_sync"][k] += t1 - t0
+            tm["worker_update"][k] += t2 - t1
+            if self._updates[c] == self.n:
+                del self._updates[c]
+                self._applied = c + 1
+                self._cv.notify_all()
+                self._cv_server.notify_all()
+        return True
 
     # -- reporting -----------------------------------------------------------------------------
     def stats(self):
@@ -552,6 +680,8 @@ class ParallelTrainer:
             "worker_compute": [x / n for x in t["worker_compute"]],
             "worker_wait": [x / n for x in t["worker_wait"]],
             "worker_copy": [x / n for x in t["worker_copy"]],
+            "worker_sync": [x / n for x in t["worker_sync"]],
+            "worker_update": [x / n for x in t["worker_update"]],
             "staleness": dict(sorted(t["staleness"].items())),
         }
 

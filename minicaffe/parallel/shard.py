@@ -1,0 +1,125 @@
+"""The parameter server's reduce and SGD update, sharded across the worker threads.
+
+With one server thread, every clock ends with the server alone on one core: it sums the N
+workers' gradient vectors (G = sum_k w_k G_k), runs the Solver's update (SGD with momentum and
+L2 decay: h = m h + lr (G + decay W), W -= h) and only then lets the workers start the next
+clock; the other cores wait.  Both steps are elementwise over the flat vectors, so they split
+by *position*: worker k owns the contiguous range [lo_k, hi_k) of W, G, the history h and every
+G_j, and once all N gradients of a clock are in, each worker runs, on its range only::
+
+    for each block of 1024 values:                 (in the L1 cache while it is worked on)
+        G  = w_0 G_0               G_0 = 0         (the reduce, and the next clock's zeroed
+        G += w_j G_j  (j >= 1)     G_j = 0          gradient slots, in the same sweep)
+        h  = m h + lr_i (G + decay_i W)            (kernels/sgd.py's sgd_step, the same
+        W -= h                                       float32 expression, lr_i per parameter)
+
+One sweep over (N + 3) vectors instead of the server's gemv, its update and N separate zero
+fills; N cores share it.  The ranges are cut at multiples of 16 values (64 bytes, one cache
+line), so two workers never write the same line.  A range that crosses parameters is split into
+*segments*, one per parameter, each with its own lr_mult and decay_mult.
+
+Where it applies (ParallelTrainer decides, see ``why_not``): the CPU backend, BSP, the SGD rule
+with L2 regularization (the rule whose step is this fused expression), no gradient clipping (it
+needs the norm of the whole G before any update), iter_size 1, no custom updater, and no
+callback that reads the gradients between the reduce and the update (``on_gradients_ready``).
+Elsewhere the server reduces and updates as before.
+"""
+
+import numpy as np
+from numba import njit
+
+#: values per block: the reduce and the update of one block stay in the L1 cache
+BLOCK = 1024
+#: shard boundaries are multiples of this many values (64 bytes of float32: one cache line)
+ALIGN = 16
+
+
+@njit(nogil=True, cache=True)
+def reduce_sgd(grads, weights, w, g, h, bounds, lr_mults, decays, rate, momentum):
+    """The fused reduce + SGD step over segments [bounds[s], bounds[s+1]) of the flat vectors.
+
+    grads: (N, P) the workers' gradients, read and zeroed; weights: (N,) their b_k / B;
+    w, h: (P,) parameters and momentum, updated; g: (P,) written with the reduced gradient (the
+    solver net's diffs: what the serial path leaves there); lr_mults, decays: per segment;
+    rate: the solver's learning rate (float64, multiplied out as the Solver does)."""
+    t = w.dtype.type
+    m = t(momentum)
+    n = grads.shape[0]
+    for s in range(bounds.size - 1):
+        a = t(rate * lr_mults[s])
+        d = t(decays[s])
+        for b0 in range(bounds[s], bounds[s + 1], BLOCK):
+            b1 = min(b0 + BLOCK, bounds[s + 1])
+            # slices, indexed from 0: numba then knows no index is negative and LLVM
+            # vectorizes the loops (indexing w[i] from b0 kept them scalar, 6x slower)
+            gb, wb, hb = g[b0:b1], w[b0:b1], h[b0:b1]
+            g0, w0 = grads[0, b0:b1], weights[0]
+            for i in range(gb.size):
+                gb[i] = w0 * g0[i]
+            g0[:] = 0
+            for k in range(1, n):
+                gk, wk = grads[k, b0:b1], weights[k]
+                for i in range(gb.size):
+                    gb[i] += wk * gk[i]
+                gk[:] = 0
+            for i in range(gb.size):
+                wi = wb[i]
+                v = m * hb[i] + a * (gb[i] + d * wi)
+                hb[i] = v
+                wb[i] = wi - v
+
+
+def shard_ranges(count, n):
+    """``n`` contiguous ranges covering range(count), cut at multiples of ALIGN, near-equal."""
+    cuts = [min(count, ALIGN * round(count * k / n / ALIGN)) for k in range(n + 1)]
+    cuts[0], cuts[-1] = 0, count
+    return [(cuts[k], cuts[k + 1]) for k in range(n)]
+
+
+class ShardPlan:
+    """Each worker's segments: ``bounds[k]`` (int64 cuts), ``lr_mults[k]``, ``decays[k]``."""
+
+    def __init__(self, offsets, counts, lr_mults, decays, n):
+        total = sum(counts)
+        self.ranges = shard_ranges(total, n)
+        self.bounds, self.lr_mults, self.decays = [], [], []
+        for lo, hi in self.ranges:
+            cuts, mults, decs = [lo], [], []
+            for off, cnt, lr, dec in zip(offsets, counts, lr_mults, decays):
+                a, b = max(lo, off), min(hi, off + cnt)
+                if a < b:
+                    if cuts[-1] != a:  # cannot happen: parameters tile [0, total)
+                        raise AssertionError("parameter layout has a gap")
+                    cuts.append(b)
+                    mults.append(float(lr))
+                    decs.append(float(dec))
+            self.bounds.append(np.array(cuts, dtype=np.int64))
+            self.lr_mults.append(np.array(mults, dtype=np.float64))
+            self.decays.append(np.array(decs, dtype=np.float64))
+
+    def run(self, k, grads, weights, w, g, h, rate, momentum):
+        """Worker ``k``'s share of one clock's reduce and update."""
+        reduce_sgd(grads, weights, w, g, h, self.bounds[k], self.lr_mults[k], self.decays[k], rate, momentum)
+
+
+def why_not(solver, staleness, callbacks_reading_gradients):
+    """Why the sharded update cannot stand in for ``solver``'s (a list of reasons; empty: it can)."""
+    p, net = solver.param, solver.net
+    why = []
+    if net.xp is not np:
+        why.append(f"the {net.backend.name} backend (the sharded update is a CPU kernel)")
+    if staleness:
+        why.append("SSP (workers do not wait for the update)")
+    if solver.type != "SGD":
+        why.append(f"the {solver.type} rule (the fused step is SGD's)")
+    elif p.regularization_type != "L2":
+        why.append(f"regularization_type {p.regularization_type} (the fused step does L2)")
+    if p.clip_gradients >= 0:
+        why.append("clip_gradients (needs the whole gradient's norm before any update)")
+    if max(1, int(p.iter_size)) != 1:
+        why.append("iter_size > 1")
+    if solver.customized:
+        why.append(f"a custom {' and '.join(solver.customized)}")
+    if callbacks_reading_gradients:
+        why.append(f"callbacks reading the gradients before the update ({', '.join(callbacks_reading_gradients)})")
+    return why
