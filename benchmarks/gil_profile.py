@@ -1,8 +1,17 @@
-"""Who holds the GIL during a training step, and for how long: py-spy's --gil samples, summed.
+"""Who holds the GIL during a training step, and for how long: py-spy's --gil samples, summed;
+and what each thread costs per step: its CPU time and its wait for a core, from the kernel.
 
     pip install py-spy                                  # a sampling profiler; not a minicaffe dependency
     python benchmarks/gil_profile.py                    # LeNet, --workers 2, 400 steps
     python benchmarks/gil_profile.py --mode lanes --steps 200
+    python benchmarks/gil_profile.py --update server    # --workers 2 with the server's own update
+    python benchmarks/gil_profile.py --no-gil           # the per-thread CPU table only (no py-spy)
+
+Per thread (Linux ``/proc/self/task/<id>/schedstat``, read every 50 ms by a monitor thread while
+the timed steps run, in the run without py-spy): ms of CPU per step, ms per step spent runnable
+but waiting for a core, and voluntary sleeps per step (waits for the GIL, a lock or a condition).
+The threads are named by their Python names (the server is MainThread; minicaffe-worker-k;
+minicaffe-prefetch: the data reader's).
 
 py-spy samples every thread ``--rate`` times a second and, with ``--gil``, keeps only the sample
 of the thread that holds the GIL at that instant (a thread inside a numba ``nogil`` kernel or a
@@ -16,6 +25,7 @@ little; the step time printed is measured without it, in a run of its own.
 
 import argparse
 import collections
+import json
 import os
 import re
 import shutil
@@ -28,7 +38,57 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def child(mode, steps, wait):
+def _schedstat():
+    """{native thread id: (cpu ns, runnable-waiting ns, voluntary switches)} of this process."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run, wait, _ = f.read().split()
+            with open(f"/proc/self/task/{tid}/status") as f:
+                vol = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+        except (OSError, StopIteration, ValueError):
+            continue  # the thread ended meanwhile
+        out[int(tid)] = (int(run), int(wait), vol)
+    return out
+
+
+def thread_costs(step, steps):
+    """Run ``step(steps)``; return {thread name: (cpu ms, core-wait ms, sleeps) per step}."""
+    import threading
+
+    first, latest, names, stop = _schedstat(), {}, {}, threading.Event()
+
+    def monitor():
+        while not stop.is_set():
+            latest.update(_schedstat())
+            for t in threading.enumerate():
+                names.setdefault(t.native_id, t.name)
+            stop.wait(0.05)
+
+    mon = threading.Thread(target=monitor, name="monitor", daemon=True)
+    mon.start()
+    step(steps)
+    stop.set()
+    mon.join()
+    latest.update(_schedstat())
+    for t in threading.enumerate():
+        names.setdefault(t.native_id, t.name)
+    costs = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+    for tid, (run, wait, vol) in latest.items():
+        name = names.get(tid, f"thread {tid}")
+        if name == "monitor":
+            continue
+        r0, w0, v0 = first.get(tid, (0, 0, 0))
+        name = re.sub(r"-\d+$", "", name) if name.startswith("minicaffe-pref") else name
+        c = costs[name]
+        c[0] += (run - r0) / 1e6 / steps
+        c[1] += (wait - w0) / 1e6 / steps
+        c[2] += (vol - v0) / steps
+    return {k: v for k, v in costs.items() if v[0] > 0.005}
+
+
+def child(mode, steps, wait, update="sharded"):
     """The training loop to profile: LeNet on real MNIST, BLAS 1 thread per worker or lane.
     With ``wait``, it says WARM after the warm-up and waits for a line on stdin (the profiler
     attaches in between), so compilation and first allocations are not sampled."""
@@ -42,7 +102,7 @@ def child(mode, steps, wait):
     solver.param.test_interval = 0
     blas.set_threads(1)
     if mode == "workers":
-        step = ParallelTrainer(solver, 2, blas_threads=1).step
+        step = ParallelTrainer(solver, 2, blas_threads=1, shard_update=update == "sharded").step
     else:
         lanes.set_count(2 if mode == "lanes" else 1)
         step = solver.step
@@ -51,7 +111,11 @@ def child(mode, steps, wait):
         print("WARM", flush=True)
         sys.stdin.readline()
     t0 = time.perf_counter()
-    step(steps)
+    if wait:
+        step(steps)
+    else:
+        costs = thread_costs(step, steps)
+        print("THREADS " + json.dumps(costs), flush=True)
     print(f"STEP_MS {1000 * (time.perf_counter() - t0) / steps:.3f}", flush=True)
 
 
@@ -79,19 +143,36 @@ def main():
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--rate", type=int, default=1000, help="samples per second")
     p.add_argument("--top", type=int, default=12)
-    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--update",
+        choices=("sharded", "server"),
+        default="sharded",
+        help="workers mode: the reduce + SGD update sharded over the workers (the default) or on the server",
+    )
+    p.add_argument("--no-gil", action="store_true", help="only the per-thread CPU table (no py-spy)")
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child[0], int(args.child[1]), args.child[2] == "1")
-    if shutil.which("py-spy") is None:
-        raise SystemExit("py-spy is not installed: pip install py-spy")
+        return child(args.child[0], int(args.child[1]), args.child[2] == "1", args.child[3])
+    if shutil.which("py-spy") is None and not args.no_gil:
+        raise SystemExit("py-spy is not installed: pip install py-spy (or --no-gil)")
     env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", args.mode, str(args.steps)]
-    plain = subprocess.run(cmd + ["0"], env=env, capture_output=True, text=True, check=True).stdout
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", args.mode, str(args.steps), None, args.update]
+    plain = subprocess.run(cmd[:5] + ["0"] + cmd[6:], env=env, capture_output=True, text=True, check=True).stdout
     step_ms = float(re.search(r"STEP_MS (\S+)", plain).group(1))
+    costs = json.loads(re.search(r"THREADS (.*)", plain).group(1))
+    label = f"{args.mode}" + (f", {args.update} update" if args.mode == "workers" else "")
+    print(f"LeNet, {label}: {step_ms:.2f} ms per step; per thread, ms per step (CPU / waiting for a core / sleeps):")
+    for name, (cpu, runq, vol) in sorted(costs.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {name:24s} {cpu:6.2f} / {runq:5.2f} / {vol:5.1f}")
+    total = sum(c[0] for c in costs.values())
+    print(f"  {'all threads':24s} {total:6.2f} ms of CPU per step ({total / step_ms:.2f} cores busy)")
+    if args.no_gil:
+        return
+    cmd[5] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         raw = os.path.join(tmp, "gil.txt")
-        proc = subprocess.Popen(cmd + ["1"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "WARM"
         spy = subprocess.Popen(
             ["py-spy", "record", "--gil", "--threads", "--nonblocking", "-r", str(args.rate), "-f", "raw", "-o", raw]
@@ -107,7 +188,7 @@ def main():
         marker = "runtime.py" if args.mode == "workers" else "solver.py"
         total, by_thread, by_line = summarize(raw, args.steps, marker)
     per = lambda n: 1000.0 * n / args.rate / args.steps  # noqa: E731
-    print(f"LeNet, {args.mode}: {step_ms:.2f} ms per step (without py-spy); GIL held {per(total):.2f} ms per step")
+    print(f"GIL held {per(total):.2f} ms per step (py-spy --gil, {args.rate} Hz, in a run of its own)")
     for thread, n in by_thread.most_common():
         print(f"  {thread:<22s} {per(n):6.2f} ms per step")
     print("Python lines holding the GIL, ms per step:")

@@ -2,25 +2,32 @@
 
     python benchmarks/parallel.py                        # LeNet and CIFAR-10 quick, 1..3 workers
     python benchmarks/parallel.py --nets lenet --workers 1 2 --repeats 7 --iters 30
+    python benchmarks/parallel.py --workers 2 --server-update --rounds 3   # sharded vs server update
 
 Every configuration runs in its own subprocess, so that ``OPENBLAS_NUM_THREADS`` is set before
 numpy loads OpenBLAS (the runtime also sets it through blas.py, but the baseline must not be
 touched) and so that each peak RSS is its own.  Data are synthetic (seeded, the nets' shapes), so
 nothing is downloaded.  Each subprocess warms up (numba's cache, first allocations), then times
-``repeats`` runs of ``iters`` iterations and reports the median.
+``repeats`` runs of ``iters`` iterations and reports the median.  With ``--rounds R`` the whole
+list of configurations runs R times, interleaved (a, b, c, a, b, c, ...), so that a slow minute
+of a shared machine hits every row; a row's figure is the median over rounds.
 
 Rows:
   serial BLAS=all    the Solver alone, OpenBLAS with one thread per core (Caffe's way)
   serial BLAS=1      the Solver alone, one BLAS thread
   serial + arena     the Solver alone on the planned arena (convolutions recompute im2col)
-  BSP N workers      the runtime: N replica threads + the server (this thread), BLAS cores//N
+  BSP N workers      the runtime: N replica threads + the server (this thread), BLAS cores//N;
+                     the reduce + SGD update sharded over the workers (parallel/shard.py)
+  ... server update  (--server-update) the same, with the server reducing and updating alone
   SSP s=1 N workers  the same with staleness 1
 
 Columns: ms per iteration (global batch), images/s, speedup over "serial BLAS=all" and over
 "serial BLAS=1" (the scaling per core, free of OpenBLAS's own threading), where the
 server's time goes per iteration (waiting for workers / reducing / applying the update), the
 workers' mean compute time, the arena (planned) vs one allocation per buffer (naive) in MiB, and
-the process's peak RSS.  The plot (benchmarks/parallel_scaling.png) shows images/s against
+the process's peak RSS; for the runtime also each worker's mean wait for the other workers'
+gradients (sync) and its share of the sharded update.  The workers' replicas keep im2col's
+columns from forward to backward, as the train tool's do (the arena row recomputes them).  The plot (benchmarks/parallel_scaling.png) shows images/s against
 workers for each net, with the serial baselines as horizontal lines.
 """
 
@@ -73,7 +80,9 @@ def child(cfg):
             plan = plan_net(solver.net, params=True, extra=history_buffers(solver))  # sizes only
             out["planned"], out["naive"] = None, plan.naive
     else:
-        trainer = ParallelTrainer(solver, cfg["workers"], staleness=cfg.get("staleness", 0), recompute=True)
+        trainer = ParallelTrainer(
+            solver, cfg["workers"], staleness=cfg.get("staleness", 0), shard_update=cfg.get("shard", True)
+        )
         run = trainer.step
         mem = trainer.memory_summary()
         out["planned"], out["naive"] = mem["planned"], mem["naive"]
@@ -94,7 +103,8 @@ def child(cfg):
             med("server_reduce"),
             med("server_update"),
         )
-        out["worker_compute"] = 1000 * statistics.median(statistics.mean(s["worker_compute"]) for s in stats)
+        for key in ("worker_compute", "worker_sync", "worker_update"):
+            out[key] = 1000 * statistics.median(statistics.mean(s[key]) for s in stats)
     out["rss"] = process_peak_rss()
     out["loss"] = float(solver.smoothed_loss)
     assert np.isfinite(out["loss"])
@@ -116,7 +126,8 @@ def row_label(cfg):
     if cfg["mode"] == "serial":
         return "serial + arena" if cfg.get("arena") else f"serial BLAS={cfg['blas']}"
     s = cfg.get("staleness", 0)
-    return f"{'BSP' if not s else f'SSP s={s}'} {cfg['workers']} worker{'s' if cfg['workers'] > 1 else ''}"
+    label = f"{'BSP' if not s else f'SSP s={s}'} {cfg['workers']} worker{'s' if cfg['workers'] > 1 else ''}"
+    return label + (", server update" if cfg.get("shard") is False else "")
 
 
 def table(results, cores):
@@ -131,11 +142,13 @@ def table(results, cores):
         )
         lines.append(
             f"\n{net} (global batch {rows[0]['batch']}, synthetic data, {cores} cores; "
-            f"median of {rows[0]['cfg']['repeats']} x {rows[0]['cfg']['iters']} iterations)"
+            f"median of {rows[0]['cfg']['repeats']} x {rows[0]['cfg']['iters']} iterations"
+            + (f", median over {rows[0]['rounds']} rounds" if rows[0].get("rounds", 1) > 1 else "")
+            + ")"
         )
         lines.append(
-            f"  {'configuration':18s} {'ms/iter':>8s} {'img/s':>7s} {'speedup':>7s} "
-            f"{'srv wait':>8s} {'reduce':>7s} {'update':>7s} {'worker':>7s} "
+            f"  {'configuration':31s} {'ms/iter':>8s} {'img/s':>7s} {'speedup':>7s} {'vs 1thr':>7s} "
+            f"{'srv wait':>8s} {'reduce':>7s} {'update':>7s} {'worker':>7s} {'w sync':>7s} {'w upd':>7s} "
             f"{'arena MiB':>9s} {'naive MiB':>9s} {'RSS MiB':>8s}"
         )
         for r in rows:
@@ -143,8 +156,9 @@ def table(results, cores):
             f = lambda k: f"{r[k]:7.2f}" if k in r else f"{'-':>7s}"  # noqa: E731
             planned = f"{r['planned'] / 2**20:9.2f}" if r.get("planned") else f"{'-':>9s}"
             lines.append(
-                f"  {row_label(r['cfg']):18s} {r['ms']:8.2f} {ips:7.0f} {base['ms'] / r['ms']:6.2f}x {one['ms'] / r['ms']:6.2f}x "
-                f"{f('server_wait'):>8s} {f('server_reduce')} {f('server_update')} {f('worker_compute')} "
+                f"  {row_label(r['cfg']):31s} {r['ms']:8.2f} {ips:7.0f} {base['ms'] / r['ms']:6.2f}x "
+                f"{one['ms'] / r['ms']:6.2f}x {f('server_wait'):>8s} {f('server_reduce')} {f('server_update')} "
+                f"{f('worker_compute')} {f('worker_sync')} {f('worker_update')} "
                 f"{planned} {r['naive'] / 2**20:9.2f} {r['rss'] / 2**20:8.1f}"
             )
     return "\n".join(lines)
@@ -165,7 +179,7 @@ def plot(results, path, cores):
             pts = sorted(
                 (r["cfg"]["workers"], ips(r))
                 for r in rows
-                if r["cfg"]["mode"] == "parallel" and r["cfg"].get("staleness", 0) == s
+                if r["cfg"]["mode"] == "parallel" and r["cfg"].get("staleness", 0) == s and r["cfg"].get("shard", True)
             )
             if pts:
                 ax.plot(*zip(*pts), style, label="BSP" if s == 0 else f"SSP s={s}")
@@ -186,6 +200,10 @@ def main(argv=None):
     p.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     p.add_argument("--workers", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--ssp", action="store_true", help="also run SSP with staleness 1 at 2 workers")
+    p.add_argument(
+        "--server-update", action="store_true", help="also run 2 workers with the server's own reduce and update"
+    )
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of every configuration")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5)
@@ -201,27 +219,38 @@ def main(argv=None):
     except AttributeError:
         cores = os.cpu_count() or 1
     common = {"iters": args.iters, "repeats": args.repeats, "warmup": args.warmup}
-    results = []
+    cfgs = []
     for net in args.nets:
         it = dict(common)
         if net == "cifar10_quick":  # about 4x LeNet's work per iteration
             it["iters"] = max(3, args.iters // 3)
-        cfgs = [
+        cfgs += [
             ({"net": net, "mode": "serial", "blas": cores, **it}, cores),
             ({"net": net, "mode": "serial", "blas": 1, **it}, 1),
             ({"net": net, "mode": "serial", "blas": 1, "arena": True, **it}, 1),
         ]
         cfgs += [({"net": net, "mode": "parallel", "workers": n, **it}, max(1, cores // n)) for n in args.workers]
+        if args.server_update:
+            cfgs.append(({"net": net, "mode": "parallel", "workers": 2, "shard": False, **it}, max(1, cores // 2)))
         if args.ssp:
             cfgs.append(({"net": net, "mode": "parallel", "workers": 2, "staleness": 1, **it}, max(1, cores // 2)))
-        for cfg, threads in cfgs:
+    print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    runs = [[] for _ in cfgs]
+    for rnd in range(args.rounds):
+        for (cfg, threads), got in zip(cfgs, runs):
             r = launch(cfg, threads)
             print(
-                f"  {net:14s} {row_label(cfg):18s} {r['ms']:8.2f} ms/iter  (runs: "
+                f"  round {rnd + 1} {cfg['net']:14s} {row_label(cfg):31s} {r['ms']:8.2f} ms/iter  (runs: "
                 f"{', '.join(f'{x:.1f}' for x in r['ms_all'])})",
                 flush=True,
             )
-            results.append(r)
+            got.append(r)
+    results = []
+    for got in runs:  # the round whose median is the median of the rounds' (the upper middle one)
+        r = dict(sorted(got, key=lambda r: r["ms"])[len(got) // 2])
+        r["ms_rounds"], r["rounds"] = [g["ms"] for g in got], len(got)
+        results.append(r)
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(table(results, cores))
     with open(args.json, "w") as f:
         json.dump({"cores": cores, "results": results}, f, indent=1)

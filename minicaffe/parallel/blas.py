@@ -67,6 +67,24 @@ def set_threads(n):
     return True
 
 
+def allowed_cores():
+    """The ids of the cores this process may run on, sorted; [] where that cannot be known."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return []
+
+
+def pin_thread(core):
+    """Bind the calling thread to ``core`` (Linux: the affinity of pid 0 is the calling
+    thread's); threads it starts later inherit it.  False where it cannot be done."""
+    try:
+        os.sched_setaffinity(0, {core})
+        return True
+    except (AttributeError, OSError):
+        return False
+
+
 def cores():
     """The cores this process may run on."""
     try:

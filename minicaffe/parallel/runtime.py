@@ -110,6 +110,9 @@ class ParallelTrainer:
     ``worker_timeout``: seconds a worker may take to deliver one iteration (None: no deadline).
     ``shard_update``: where it applies (shard.py), the workers do the server's reduce and SGD
     update, each on its own range of the parameters (default); False: the server does both.
+    ``pin``: bind worker k to core k, so that its replica, its gradients and its range of the
+    parameters stay in that core's caches from one step to the next; None (default) pins when
+    the workers, one BLAS thread and one lane each, fill the cores exactly (Linux only).
     Use ``solve()`` / ``step(n)`` as the Solver's; ``stats()`` says where the time went;
     ``memory_sections()`` feeds minicaffe.memory.report.
     """
@@ -124,11 +127,13 @@ class ParallelTrainer:
         log=None,
         worker_timeout=DEFAULT_WORKER_TIMEOUT,
         shard_update=True,
+        pin=None,
     ):
         if worker_timeout is not None and not worker_timeout > 0:
             raise SolverError(f"worker_timeout must be a positive number of seconds (or None), got {worker_timeout}")
         self.worker_timeout = worker_timeout
         self.shard_update = bool(shard_update)
+        self.pin = pin
         self._generation, self._left_behind = 0, []
         if n_workers < 1:
             raise SolverError(f"--workers must be at least 1, got {n_workers}")
@@ -353,6 +358,7 @@ class ParallelTrainer:
                 self.grads[...] = 0
             solver.set_updater(self._sharded_update)
         self._grads_zeroed = False
+        self._pinned = self._cores_to_pin()
         self._saved_blas = blas.get_threads()
         blas.set_threads(self.blas_threads)
         solver.set_gradient_source(self._gather)
@@ -391,7 +397,20 @@ class ParallelTrainer:
             f"Training with {self.n} worker thread(s) ({mode}), "
             f"shards {[hi - lo for lo, hi in self.bounds[self.data_layers[0][1].name]]} of the batch of "
             f"{self.batch}, BLAS threads {self.blas_threads}, {update}"
+            + (f", worker k on core {self._pinned}[k]" if self._pinned else "")
         )
+
+    def _cores_to_pin(self):
+        """The core of each worker, or None: do not pin."""
+        from . import lanes
+
+        cores = blas.allowed_cores()
+        if self.pin is False or not cores:
+            return None
+        fills = len(cores) == self.n and self.blas_threads == 1 and lanes.count() == 1
+        if self.pin is None and not fills:
+            return None
+        return [cores[k % len(cores)] for k in range(self.n)]
 
     def _lookahead(self, clock):
         """The last clock whose batch should be fetched while the server is at ``clock``: the
@@ -578,6 +597,8 @@ class ParallelTrainer:
         return c in self._batches and self._applied >= need
 
     def _worker(self, k, generation):
+        if self._pinned:
+            blas.pin_thread(self._pinned[k])
         net, lay = self.replicas[k], self.rep_layouts[k]
         inputs = {layer.name: [net.blobs[t] for t in layer.param.top] for _, layer in self.data_layers}
         out_names = list(net.outputs)
