@@ -74,7 +74,7 @@ def namespaces_ok():
     return why_not()
 
 
-def run_one(net, nodes, link, comm, wfbp, iters, workdir, use_ns, timeout, batch=None):
+def run_one(net, nodes, link, comm, wfbp, iters, workdir, use_ns, timeout, batch=None, bucket_kb=None):
     solver, batch = synthetic_solver(net, workdir, iters, batch)
     out = os.path.join(workdir, f"{net}_{nodes}_{link}_{comm}_{wfbp}")
     train = [sys.executable, "-m", "minicaffe.train", solver, "--iters", str(iters), "--test-interval", "0"]
@@ -82,6 +82,8 @@ def run_one(net, nodes, link, comm, wfbp, iters, workdir, use_ns, timeout, batch
     # a 58M-parameter net's start-up (node 0 sends every node all parameters) on 2 shared cores
     # can keep a node quiet for longer than the default 10 s
     train += ["--peer-timeout", "120", "--connect-timeout", "300"]
+    if bucket_kb is not None:
+        train += ["--bucket-kb", f"{bucket_kb:g}"]
     if use_ns:
         cmd = [sys.executable, "-m", "minicaffe.dist.emulate", "--nodes", str(nodes), "--bandwidth", link]
         cmd += ["--delay", DELAY, "--"] + train
@@ -95,6 +97,19 @@ def run_one(net, nodes, link, comm, wfbp, iters, workdir, use_ns, timeout, batch
         return {"error": (r.stdout + r.stderr)[-1500:], "wall_s": wall}
     latency = DELAY if use_ns is False or "latency is not emulated" not in r.stdout + r.stderr else "0"
     return parse_run(out, batch, nodes) | {"wall_s": wall, "batch": batch, "latency": latency}
+
+
+def median_run(runs):
+    """The run with the median seconds per iteration (the lower middle one of an even count),
+    with every repetition's figure kept beside it."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[-1]
+    ok.sort(key=lambda r: r["seconds_per_iter"])
+    out = dict(ok[(len(ok) - 1) // 2])
+    if len(runs) > 1:
+        out["repeats_s"] = [r.get("seconds_per_iter") for r in runs]
+    return out
 
 
 def parse_run(out, batch, nodes, warmup=2):
@@ -320,44 +335,84 @@ def tcp_cpu_per_byte(use_ns, mb=32):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def frame_cpu_from_run(tcp_byte, nodes=4, iters=40):
-    """The CPU one frame costs inside a training run (both ends), from a run that is not part of
-    the validation: LeNet, plain PS, ``nodes`` nodes on loopback with no link limit. linkcheck's
-    back-to-back frames cost less than frames that each wake a sender and a receiver thread on
-    busy cores; this is the one parameter the simulator takes from a training run:
-    2 x (the transport's CPU per node per iteration - its bytes' cost) / its frames."""
-    from minicaffe.dist.cost import plan
-    from minicaffe.net import Net
-
+def node_cpu_from_run(nodes, iters, wfbp, bucket_kb):
+    """Per node per iteration, from one run that is not part of the validation (LeNet, plain PS,
+    ``nodes`` nodes on loopback with no link limit): the transport threads' CPU, all CPU, bytes."""
     with tempfile.TemporaryDirectory(prefix="poseidon-calibrate-") as work:
         solver, _ = synthetic_solver("lenet", work, iters)
         out = os.path.join(work, "run")
         cmd = [sys.executable, "-m", "minicaffe.train", solver, "--iters", str(iters), "--test-interval", "0"]
-        cmd += ["--no-plot", "--output", out, "--force", "--comm", "ps", "--wfbp", "off", "--nodes", str(nodes)]
+        cmd += ["--no-plot", "--output", out, "--force", "--comm", "ps", "--wfbp", wfbp, "--nodes", str(nodes)]
+        cmd += ["--bucket-kb", f"{bucket_kb:g}"]
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), cwd=work)
         if r.returncode != 0:
             raise SystemExit(f"calibration run failed:\n{(r.stdout + r.stderr)[-2000:]}")
         recs = [json.loads(line) for line in open(os.path.join(out, "train_log.jsonl"))]
         dist = next(x for x in recs if x.get("kind") == "dist")
-        from minicaffe import proto
-
-        net = Net(proto.parse_file(os.path.join(work, "lenet_net.prototxt"), "NetParameter"), "TRAIN")
-        blobs = sum(len(c.params) for c in plan(net, nodes))
     cpu = cpu_breakdown(dist["nodes"])
     rows = [v for k, v in cpu.items() if k != "machine"]
-    other = statistics.mean(v["other_cpu_s"] for v in rows)
-    nbytes = statistics.mean(v["bytes_per_iter"] for v in dist["nodes"].values())
-    frames = 4 * (nodes - 1) * blobs
     return {
-        "run": f"lenet, --comm ps --wfbp off, {nodes} nodes on loopback, no link limit, {iters} iterations",
-        "transport_cpu_s_per_iter": other,
-        "bytes_per_iter": nbytes,
+        "transport_cpu_s": statistics.mean(v["other_cpu_s"] for v in rows),
+        "compute_cpu_s": statistics.mean(v["compute_cpu_s"] for v in rows),
+        "cpu_s": statistics.mean(v["user_s"] + v["sys_s"] for v in rows),
+        "bytes": statistics.mean(v["bytes_per_iter"] for v in dist["nodes"].values()),
+        "period_s": statistics.mean(v["period_s"] for v in rows),
+    }
+
+
+def frame_and_wfbp_cpu(tcp_byte, alone, nodes=4, iters=60, repeat=3):
+    """The two CPU costs the simulator takes from training runs, none of them a validated run:
+    LeNet, plain PS, ``nodes`` nodes on loopback, no link limit, every layer its own bucket
+    (``--bucket-kb`` of one byte: 4 units of 4 (P-1) frames), WFBP off and on, ``repeat`` times
+    each, round robin; medians.
+
+    - a frame (both ends): linkcheck's back-to-back frames cost less than frames that each wake
+      a sender and a receiver thread on busy cores: 2 x (transport CPU - bytes' cost) / frames;
+    - a WFBP sync: (all CPU with WFBP - all CPU without) / units, the switches between the
+      node's threads that interleaving the syncs with the backward costs on shared cores;
+    - contention: the compute thread's CPU per iteration in the run (WFBP off) over ``alone``,
+      the same forward and backward timed alone (the calibration's layers of LeNet on
+      ``nodes`` nodes)."""
+    units = 4  # conv1, conv2, ip1, ip2
+    frames = 4 * (nodes - 1) * units
+    runs = {"off": [], "on": []}
+    for _ in range(repeat):
+        for w in ("off", "on"):
+            runs[w].append(node_cpu_from_run(nodes, iters, w, 0.001))
+    med = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
+    off, on = med["off"], med["on"]
+    return {
+        "run": f"lenet, --comm ps, --bucket-kb 0.001, {nodes} nodes on loopback, no link limit, {iters} iterations",
         "frames_per_iter": frames,
-        "cpu_s_per_frame": max(2 * (other - nbytes / 2 * tcp_byte) / frames, 0.0),
+        "units_per_iter": units,
+        "off": off,
+        "on": on,
+        "tries": runs,
+        "cpu_s_per_frame": max(2 * (off["transport_cpu_s"] - off["bytes"] / 2 * tcp_byte) / frames, 0.0),
+        "wfbp_cpu_s_per_sync": max((on["cpu_s"] - off["cpu_s"]) / units, 0.0),
+        "compute_alone_s": alone,
+        "contention": max(off["compute_cpu_s"] / alone, 1.0),
     }
 
 
 COSTS = ("cpu_s_per_byte", "cpu_s_per_frame", "round_trip_s")
+
+
+def calibrate_runs(doc):
+    """The frame's and the WFBP sync's CPU (``frame_and_wfbp_cpu``) into a calibration document."""
+    nodes = 4
+    c = doc["nets"][f"lenet|{nodes}"]
+    alone = sum(r["forward"] + r["backward"] for r in c["layers"]) + c["overhead"]
+    run = frame_and_wfbp_cpu(doc["tcp_loopback"]["cpu_s_per_byte"], alone, nodes)
+    doc["frame_run"] = run
+    print(
+        f"in a training run (medians; {run['run']}): one frame {1e6 * run['cpu_s_per_frame']:.0f} us of CPU, "
+        f"both ends; one WFBP sync {1e6 * run['wfbp_cpu_s_per_sync']:.0f} us (all CPU per node per iteration "
+        f"{1e3 * run['off']['cpu_s']:.2f} ms without WFBP, {1e3 * run['on']['cpu_s']:.2f} ms with); compute "
+        f"{1e3 * run['off']['compute_cpu_s']:.2f} ms per iteration against {1e3 * alone:.2f} ms alone: "
+        f"contention x{run['contention']:.2f}",
+        flush=True,
+    )
 
 
 def calibrate(nets, nodes_list, batch, out, repeat=3):
@@ -377,14 +432,6 @@ def calibrate(nets, nodes_list, batch, out, repeat=3):
             f"per frame, both ends; round trip {1e6 * link['round_trip_s']:.0f} us ({doc[key]['path']})",
             flush=True,
         )
-    runs = [frame_cpu_from_run(doc["tcp_loopback"]["cpu_s_per_byte"]) for _ in range(repeat)]
-    run = dict(runs[0], cpu_s_per_frame=statistics.median(r["cpu_s_per_frame"] for r in runs))
-    run["tries"] = [r["cpu_s_per_frame"] for r in runs]
-    doc["frame_run"] = run
-    print(
-        f"one frame in a training run: {1e6 * run['cpu_s_per_frame']:.0f} us of CPU, both ends "
-        f"(median of {', '.join(f'{1e6 * t:.0f}' for t in run['tries'])}; {run['run']})"
-    )
     for net in nets:
         for nodes in nodes_list:
             c = calibrate_net(net, nodes, batch)
@@ -394,13 +441,16 @@ def calibrate(nets, nodes_list, batch, out, repeat=3):
                 f"{1e3 * sum(r['forward'] + r['backward'] for r in c['layers']):.1f} ms, step {1e3 * c['step_s']:.1f} ms",
                 flush=True,
             )
+    if "lenet|4" not in doc["nets"]:  # the runs' contention is measured against LeNet on 4 nodes
+        doc["nets"]["lenet|4"] = calibrate_net("lenet", 4, None)
+    calibrate_runs(doc)
     doc["load_after"] = os.getloadavg()
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     return doc
 
 
-def predicted(calib, net, nodes, link, comm, wfbp, topology, latency):
+def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=0):
     """The simulator's seconds per iteration for one run, from the calibration alone."""
     from minicaffe.dist import simulate as sim
 
@@ -415,7 +465,9 @@ def predicted(calib, net, nodes, link, comm, wfbp, topology, latency):
         layers.append(lay)
     tcp = calib["tcp_loopback" if topology == "mesh" else "tcp"]  # the limiter runs on loopback
     frame = calib["frame_run"]["cpu_s_per_frame"] if "frame_run" in calib else tcp["cpu_s_per_frame"]
-    host = sim.Host(calib["cores"], tcp["cpu_s_per_byte"], frame)
+    switch = calib.get("frame_run", {}).get("wfbp_cpu_s_per_sync", 0.0)
+    contention = calib.get("frame_run", {}).get("contention", 1.0)
+    host = sim.Host(calib["cores"], tcp["cpu_s_per_byte"], frame, switch, contention)
     from minicaffe.dist.emulate import tbf_burst
     from minicaffe.dist.transport import TokenBucket
 
@@ -426,7 +478,8 @@ def predicted(calib, net, nodes, link, comm, wfbp, topology, latency):
     # of a small request through both nodes' threads
     lat = sim.parse_seconds(latency) + tcp.get("round_trip_s", 0.0) / 2
     ln = sim.Link(rate, lat, topology=topology, burst=burst)
-    return sim.simulate(layers, nodes, ln, comm, wfbp == "on", host=host).period
+    bucket = int(bucket_kb * 1024)
+    return sim.simulate(layers, nodes, ln, comm, wfbp == "on", host=host, bucket_bytes=bucket).period
 
 
 def slim(results, clocks=2):
@@ -444,7 +497,7 @@ def slim(results, clocks=2):
 def table(results):
     lines = [
         f"{'net':<16} {'P':>2} {'link':>7} {'mode':<12} {'images/s':>9} {'ms/iter':>9} {'MB/iter':>8} "
-        f"{'waiting':>8} {'vs PS':>6}"
+        f"{'waiting':>8} {'vs PS':>6}  buckets runs"
     ]
     for key, r in results.items():
         net, nodes, link, comm, wfbp = key.split("|")
@@ -456,9 +509,14 @@ def table(results):
         lines.append(
             f"{net:<16} {nodes:>2} {link:>7} {label(comm, wfbp):<12} {r['images_per_s']:>9.1f} "
             f"{1e3 * r['seconds_per_iter']:>9.1f} {r['bytes_per_iter'] / 1e6:>8.2f} {100 * r['wait_share']:>7.0f}% "
-            f"{ratio:>5.2f}x"
+            f"{ratio:>5.2f}x  {bucket_tag(r):>7} {len(r.get('repeats_s') or [0]):>4}"
         )
     return "\n".join(lines)
+
+
+def bucket_tag(r):
+    """'1024K': the run's --bucket-kb; 'blob': a run from before gradient buckets (a frame per blob)."""
+    return f"{r['bucket_kb']:g}K" if "bucket_kb" in r else "blob"
 
 
 def validation(results):
@@ -548,6 +606,8 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=8, help="iterations per run (the first 2 are not timed)")
     p.add_argument("--batch", type=int, help="the run's batch (all nodes together) instead of the net's")
     p.add_argument("--limiter", action="store_true", help="use the transport's token bucket even where root")
+    p.add_argument("--bucket-kb", type=float, help="the nodes' --bucket-kb (default: theirs, 1024)")
+    p.add_argument("--repeat", type=int, default=1, help="run every mode N times, round robin; keep the median run")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "poseidon_results.json"))
     p.add_argument("--report", help="print the tables and draw the plots of a results file, run nothing")
@@ -557,7 +617,22 @@ def main(argv=None):
         help="the simulator's inputs, measured by --calibrate (read for the validation table)",
     )
     p.add_argument("--calibrate", action="store_true", help="measure the simulator's inputs for --nets x --nodes")
+    p.add_argument(
+        "--calibrate-runs",
+        action="store_true",
+        help="measure again only the frame's and the WFBP sync's CPU (from training runs) in --calibration",
+    )
     args = p.parse_args(argv)
+    if args.calibrate_runs:
+        with open(args.calibration) as f:
+            doc = json.load(f)
+        print(f"load before: {os.getloadavg()}")
+        calibrate_runs(doc)
+        doc["runs_load"] = os.getloadavg()
+        with open(args.calibration, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.calibration}; load after: {os.getloadavg()}")
+        return 0
     if args.calibrate:
         print(f"load before: {os.getloadavg()}")
         calibrate(args.nets, args.nodes, args.batch, args.calibration)
@@ -584,20 +659,30 @@ def main(argv=None):
             for net in args.nets:
                 for nodes in args.nodes:
                     for link in args.links:
-                        for mode in args.modes:
-                            comm, wfbp = mode.split(":")
-                            name = net + (f"@{args.batch}" if args.batch else "")
-                            key = "|".join([name, str(nodes), link, comm, wfbp])
-                            r = run_one(
-                                net, nodes, link, comm, wfbp, args.iters, work, use_ns, args.timeout, args.batch
-                            )
-                            r["topology"] = "star" if use_ns else "mesh"
-                            r["load"] = os.getloadavg()[0]
-                            results[key] = r
-                            msg = r.get("error", "")[-200:] or f"{r['images_per_s']:.1f} images/s, {r['wall_s']:.0f} s"
-                            print(f"{key}: {msg}", flush=True)
-                            with open(args.out, "w") as f:
-                                json.dump({"results": slim(results)}, f)
+                        runs = {}  # key -> every repetition's result
+                        for rep in range(args.repeat):  # round robin: drifts of the machine hit every mode
+                            for mode in args.modes:
+                                comm, wfbp = mode.split(":")
+                                name = net + (f"@{args.batch}" if args.batch else "")
+                                key = "|".join([name, str(nodes), link, comm, wfbp])
+                                r = run_one(
+                                    net,
+                                    *(nodes, link, comm, wfbp, args.iters, work, use_ns, args.timeout, args.batch),
+                                    bucket_kb=args.bucket_kb,
+                                )
+                                r["topology"] = "star" if use_ns else "mesh"
+                                r["bucket_kb"] = 1024 if args.bucket_kb is None else args.bucket_kb
+                                r["load"] = os.getloadavg()[0]
+                                runs.setdefault(key, []).append(r)
+                                msg = (
+                                    r.get("error", "")[-200:]
+                                    or f"{r['images_per_s']:.1f} images/s, {r['wall_s']:.0f} s"
+                                )
+                                print(f"{key} (run {rep + 1}): {msg}", flush=True)
+                        for key, rs in runs.items():
+                            results[key] = median_run(rs)
+                        with open(args.out, "w") as f:
+                            json.dump({"results": slim(results)}, f)
         doc = {"results": results}
     calib = None
     if os.path.exists(args.calibration):
@@ -609,7 +694,10 @@ def main(argv=None):
             continue
         net, nodes, link, comm, wfbp = key.split("|")
         lat = r.get("latency", DELAY)
-        pred = predicted(calib, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), lat)
+        # (runs from before gradient buckets have no bucket_kb: every blob was its own)
+        pred = predicted(
+            calib, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), lat, r.get("bucket_kb", 0)
+        )
         if pred is not None:
             r["predicted_s"] = pred
     print(table(results))

@@ -194,3 +194,31 @@ def test_cli_with_a_times_file(tmp_path, capsys):
     assert sim.main(["--times", str(tmp_path / "missing.json")]) == 1
     assert "cannot read it" in capsys.readouterr().err
     assert sim.main([]) == 1
+
+
+def test_sync_units_are_the_runtimes_buckets():
+    # layers: l0 PS (1000), l1 nothing, l2 PS (100), l3 SFB-able FC (5000), l4 PS (10)
+    layers = chain((0, 0, 1000), (0, 0, 0), (0, 0, 100), (0, 0, 5000, (50, 100, 8)), (0, 0, 10))
+    methods = [sim.method_of(l, 4, "hybrid") for l in layers]
+    assert methods == ["ps", None, "ps", "sfb", "ps"]
+    assert sim.sync_units(layers, methods, 0) == [[4], [3], [2], [0]]
+    # a layer without parameters does not end a bucket; an SFB layer does
+    assert sim.sync_units(layers, methods, 1 << 20) == [[4], [3], [0, 2]]
+    assert sim.sync_units(layers, methods, 400) == [[4], [3], [2], [0]]  # l2's 400 B fill a bucket
+
+
+def test_buckets_cut_frames_and_wfbp_costs_cpu_per_sync():
+    # 4 nodes on 2 cores, bound by the cores: the period is P x (CPU per node) / cores
+    layers = chain((1e-3, 1e-3, 10), (1e-3, 1e-3, 10), (1e-3, 1e-3, 10))
+    link = sim.Link(1e12, 0.0)
+    host = sim.Host(cores=2, frame_cpu=1e-4)  # 100 us per frame, both ends: 50 us per frame per node
+    per_layer = sim.simulate(layers, 4, link, "ps", wfbp=False, host=host, bucket_bytes=0)
+    one = sim.simulate(layers, 4, link, "ps", wfbp=False, host=host, bucket_bytes=1 << 20)
+    frames = 4 * 3  # sent + received per unit: 3 peers, GRAD and PARAM each way
+    cpu = 6e-3  # compute per node
+    assert per_layer.period == pytest.approx(4 * (cpu + 3 * 2 * frames * 0.5e-4) / 2)  # 2 blobs per layer
+    assert one.period == pytest.approx(4 * (cpu + frames * 0.5e-4) / 2)
+    host.wfbp_sync_cpu = 1e-3
+    on = sim.simulate(layers, 4, link, "ps", wfbp=True, host=host, bucket_bytes=0)
+    assert on.period == pytest.approx(per_layer.period + 4 * 3 * 1e-3 / 2)  # 3 units, each 1 ms more
+    assert sim.simulate(layers, 4, link, "ps", wfbp=False, host=host, bucket_bytes=0).period == per_layer.period

@@ -175,7 +175,10 @@ def lenet_solver(batch=32):
 one = lenet_solver()
 one.step(K)
 solvers = [lenet_solver() for _ in range(2)]
-nodes = run_nodes(solvers, iters=K)
+# (bucket_bytes=0: every blob travels in frames of its own, so the traffic of each can be read
+# below; training runs group consecutive layers into 1 MiB buckets, a few frames per clock
+# instead of a frame per blob and peer: docs/DISTRIBUTED.md)
+nodes = run_nodes(solvers, iters=K, bucket_bytes=0)
 for s in solvers:
     err = max(float(np.abs(a.data - b.data).max()) for a, b in zip(s.net.learnable_params, one.net.learnable_params))
     print(f"largest parameter difference from one process after {K} clocks: {err:.2e}")

@@ -1,22 +1,27 @@
 """The sharded parameter server: every node is a worker *and* one shard of the server
 (Poseidon's distributed key-value store, co-located with the workers).
 
-Sharding: every learnable blob is cut into P contiguous slices (``shard_bounds(count, P)``, sizes
-differing by at most one); node s owns slice s of *every* blob.  Whole blobs per shard would be
-simpler, but one blob often dominates (LeNet's ip1 holds 400,000 of 431,080 parameters, AlexNet's
-fc6 38M of 61M): its shard would carry almost all the traffic and all the update work.  With 1/P
-of each blob every node sends and receives the same bytes, and a layer's sync is spread over all
-links at once.  The price: P messages per blob per direction (tiny biases split into tiny frames).
+Sharding: the learnable blobs are grouped into **gradient buckets** (``plan_buckets``: whole
+consecutive layers, from the last layer back, until a bucket holds ``bucket_bytes``, as PyTorch
+DDP's ``bucket_cap_mb``; 0 = every blob alone), and every bucket is cut into P contiguous slices
+(``shard_bounds(count, P)``, sizes differing by at most one); node s owns slice s of *every*
+bucket.  Whole buckets per shard would be simpler, but one blob often dominates (LeNet's ip1
+holds 400,000 of 431,080 parameters, AlexNet's fc6 38M of 61M): its shard would carry almost
+all the traffic and all the update work.  With 1/P of each bucket every node sends and receives
+the same bytes, and a bucket's sync is spread over all links at once.  A bucket is one range of
+the flat vectors, so each of its frames is sent from, and received into, the node's own G and W
+without a copy; the price of slicing is P - 1 messages per bucket per direction, and buckets
+keep those few (LeNet: 2 buckets where there are 8 blobs, most of them tiny biases).
 
 Every clock c (one global batch of B images; node r computes on its slice b_r of it)::
 
     node r (compute thread)                              shard s (its server thread)
       G = gradient of its b_r images, scaled by b_r / B
-      for each blob i (last layer first):   push(i, c)  ---- GRAD(i, c): slice s of G_i ---->
+      for each bucket b (last layer first): push  ---- GRAD(b, c): slice s of bucket b of G ->
                                                            sum the P slices in rank order
                                                            the Solver's own update on slice s:
                                                            lr policy(c), normalize, decay, rule
-      wait_params(i, c + 1 - staleness) <------------ PARAM(i, version c+1): slice s of W_i
+      wait_params(i, c + 1 - staleness) <------------ PARAM(b, version c+1): slice s of b in W
       (received straight into the node's parameter vector W)
 
 So the update rule, the lr policy, momentum, weight decay and every history buffer are those of
@@ -32,8 +37,9 @@ squares of its slices (a NORM frame) to every other shard, and all scale by the 
 Extension point (wait-free backpropagation, hybrid communication): the Node is built so that a
 layer can be synchronized on its own:
 
-    ``node.push(i, clock)``          "sync blob i's gradients now" (non-blocking: frames are
-                                     queued to the communication threads); call it from the Net's
+    ``node.push(i, clock)``          "blob i's gradients are final" (non-blocking: once every
+                                     blob of its bucket is, the bucket's frames are queued to the
+                                     communication threads); call it from the Net's
                                      after-backward hook of the layer owning blob i.
     ``node.wait_params(i, version)`` "wait for blob i's fresh parameters" (blocks until every
                                      slice has that version); call it from the before-forward hook.
@@ -44,7 +50,8 @@ layer can be synchronized on its own:
 
     What Poseidon's runtime (``minicaffe.dist.poseidon``) sets: ``Node(..., gradient_slots=s + 2)``
     for wait-free backprop, and before ``start()``:
-    ``node.ps_blobs`` (the blobs the shards serve; SFB layers synchronize themselves),
+    ``node.ps_blobs`` (the blobs the shards serve; SFB layers synchronize themselves; then
+    ``node.plan_shards()`` plans the buckets over them, ``node.bucket_plan()`` prints them),
     ``node.hooked_push`` (the after-backward hooks pushed every blob, so ``sync()`` does not),
     ``node.deferred_wait`` (the before-forward hooks wait per layer, so ``sync()`` waits only
     where the run needs every parameter: tests, snapshots, the end), ``node.extra_waits``
@@ -120,10 +127,10 @@ def blob_layers(net):
     return out
 
 
-# PyTorch DDP's ``bucket_cap_mb`` is 25 MB (1 MB for the first bucket); Caffe-sized nets on
-# commodity links want the first bucket's overlap more than DDP's large ones: 1 MiB keeps
-# LeNet's and CIFAR-10 quick's small layers together (2 and 3 buckets instead of 8 and 10 blobs)
-# while every layer of AlexNet's classifier stays a bucket of its own
+# PyTorch DDP's ``bucket_cap_mb`` is 25 MB (1 MB for its first bucket); Caffe-sized nets want
+# the overlap of several buckets more than DDP's large ones: 1 MiB makes LeNet's 8 blobs 2
+# buckets (ip2 + ip1, conv2 + conv1) and CIFAR-10 quick's 10 blobs one, while every layer of
+# AlexNet's classifier (16-151 MB) stays a bucket of its own
 DEFAULT_BUCKET_BYTES = 1 << 20
 
 

@@ -106,6 +106,14 @@ class Host:
     cores: int
     tcp_cpu: float = 0.0
     frame_cpu: float = 0.0  # CPU seconds a frame costs both ends beyond its bytes (linkcheck)
+    # CPU seconds each sync started inside the backward (WFBP) costs the node beyond its frames:
+    # the switches between the compute thread, the senders, the receivers and the shard's or the
+    # SFB thread that the interleaving brings, on cores every node process already keeps busy
+    wfbp_sync_cpu: float = 0.0
+    # CPU seconds a node's compute costs per second of the same compute measured alone, where
+    # the node processes outnumber the cores (caches and cores shared, switches between the
+    # processes): measured from a training run, not from the layers' own timing
+    contention: float = 1.0
 
     def transport_cpu(self, nbytes, frames):
         """CPU seconds one node spends moving ``nbytes`` (sent + received) in ``frames`` frames
@@ -209,8 +217,45 @@ class Result:
         return max(self.period - self.compute, 0.0) / self.period if self.period > 0 else 0.0
 
 
+def sync_units(layers, methods, bucket_bytes=0):
+    """What synchronizes as one: lists of layer indices, each ready when its lowest layer's
+    backward ends. An SFB layer is a unit of its own; PS layers form gradient buckets as the
+    runtime's (``ps.plan_buckets``): from the last layer back, consecutive PS layers (layers
+    without parameters between them do not count) until a bucket holds ``bucket_bytes`` or more;
+    an SFB layer ends a bucket. ``bucket_bytes`` 0: every PS layer on its own (and each blob in
+    its own frames)."""
+    units, cur, size = [], [], 0
+    for i in range(len(layers) - 1, -1, -1):
+        m = methods[i]
+        if m is None:
+            continue
+        if m == "sfb":
+            if cur:
+                units.append(cur)
+                cur, size = [], 0
+            units.append([i])
+            continue
+        if cur and (bucket_bytes == 0 or size >= bucket_bytes):
+            units.append(cur)
+            cur, size = [], 0
+        cur.insert(0, i)
+        size += layers[i].count * layers[i].itemsize
+    if cur:
+        units.append(cur)
+    return units
+
+
 def simulate(
-    layers, nodes, link, comm="hybrid", wfbp=True, iterations=8, compute_scale=1.0, cpu_overlap=True, host=None
+    layers,
+    nodes,
+    link,
+    comm="hybrid",
+    wfbp=True,
+    iterations=8,
+    compute_scale=1.0,
+    cpu_overlap=True,
+    host=None,
+    bucket_bytes=0,
 ):
     """Run the schedule for ``iterations`` iterations; the period is measured over the last ones.
 
@@ -225,8 +270,14 @@ def simulate(
     ``host.frame_cpu`` per frame, both ends), so a transfer lasts at least as long as its CPU
     work, max(bytes / 2 / rate, CPU); (3) the
     cores bound the period from below: P x (one node's CPU seconds per iteration: compute, its
-    syncs' CPU, its transport CPU) / cores. An SFB layer's own weight gradient is not computed
-    on the nodes (the rebuilt one replaces it), with or without a host.
+    syncs' CPU, its transport CPU) / cores; (4) where the nodes outnumber the cores, every compute
+    second costs ``host.contention`` CPU seconds. An SFB layer's own weight gradient is not computed
+    on the nodes (the rebuilt one replaces it), with or without a host. With WFBP, every sync
+    unit also costs ``host.wfbp_sync_cpu`` of CPU (thread switches on shared cores).
+
+    ``bucket_bytes``: the PS layers sync in gradient buckets (``sync_units``): a bucket's
+    layers travel together (4 (P - 1) frames per bucket instead of per blob), ready when its
+    lowest layer's backward ends.
     """
     if comm not in COMM_MODES:
         raise MinicaffeError(f"comm must be one of {', '.join(COMM_MODES)}, got '{comm}'")
@@ -234,40 +285,52 @@ def simulate(
         raise MinicaffeError("simulate needs nodes >= 1 and iterations >= 3")
     wfbp = wfbp and nodes > 1  # one node has nothing to overlap: it updates after backward, as Caffe
     n = len(layers)
+    inflate = 1.0  # compute CPU seconds per second measured alone
     if host is not None:
         compute_scale = compute_scale * host.share(nodes)
+        inflate = host.contention if nodes > host.cores else 1.0
     methods = [method_of(l, nodes, comm) for l in layers]
-    own = [l.backward - (l.weight_gradient if m == "sfb" and nodes > 1 else 0.0) for l, m in zip(layers, methods)]
-    fwd = [l.forward * compute_scale for l in layers]
+    own = [
+        inflate * (l.backward - (l.weight_gradient if m == "sfb" and nodes > 1 else 0.0))
+        for l, m in zip(layers, methods)
+    ]
+    fwd = [inflate * l.forward * compute_scale for l in layers]
     bwd = [b * compute_scale for b in own]
-    sync, nbytes, stolen, cpu_total = [], 0.0, 0.0, sum(l.forward for l in layers) + sum(own)
-    parts = []  # per layer: (bytes each way, latency part, transport CPU floor, CPU after the wire)
-    for l, m in zip(layers, methods):
-        net_s, cpu_s, b = sync_cost(l, m, nodes, link)
-        wire = net_s
-        floor = 0.0
-        if host is not None and m is not None:
-            frames = 4 * (nodes - 1) * (l.blobs if m == "ps" else 1)  # sent + received, every peer
-            tcp = host.transport_cpu(b, frames)  # this node's share of moving its bytes
+    nbytes, stolen, cpu_total = 0.0, 0.0, inflate * sum(l.forward for l in layers) + sum(own)
+    cost = [sync_cost(l, m, nodes, link) for l, m in zip(layers, methods)]  # (net s, CPU s, bytes)
+    units = sync_units(layers, methods, bucket_bytes)
+    sync, parts = [], []  # per unit: its seconds; (bytes each way, latency part, transport CPU floor, CPU)
+    for unit in units:
+        m = methods[unit[0]]
+        b = sum(cost[i][2] for i in unit)
+        cpu_s = sum(cost[i][1] for i in unit)
+        rounds = 0 if nodes == 1 else (2 if m == "ps" else 1)
+        net_s = rounds * link.latency + (b / 2 / link.rate(nodes) if b else 0.0)
+        wire, floor = net_s, 0.0
+        if host is not None:
+            per_blob = m == "ps" and bucket_bytes == 0
+            frames = 4 * (nodes - 1) * (layers[unit[0]].blobs if per_blob else 1)  # sent + received
+            tcp = host.transport_cpu(b, frames) if nodes > 1 else 0.0  # this node's share of moving them
+            if wfbp:
+                tcp += host.wfbp_sync_cpu
             floor = tcp * compute_scale
             wire = max(net_s, floor)
             cpu_total += tcp
-        sync.append(None if m is None else wire + cpu_s * compute_scale)
-        rounds = 0 if m is None or nodes == 1 else (2 if m == "ps" else 1)
+        sync.append(wire + cpu_s * compute_scale)
         parts.append((b / 2, rounds * link.latency, floor, cpu_s * compute_scale))
         nbytes += b
-        stolen += 0.0 if m is None else cpu_s * compute_scale
-        cpu_total += 0.0 if m is None else cpu_s
+        stolen += cpu_s * compute_scale
+        cpu_total += cpu_s
     rate = link.rate(nodes)
     tokens, t_tokens = link.burst, 0.0  # the shaper's bucket (bytes each way), full at the start
 
-    def sync_time(i, start):
-        """Layer i's sync starting at ``start``: with a burst, the bytes the bucket holds pass at
+    def sync_time(u, start):
+        """Unit u's sync starting at ``start``: with a burst, the bytes the bucket holds pass at
         once (it refills at the link's rate while the link is idle), the rest at the rate."""
         nonlocal tokens, t_tokens
         if not link.burst or math.isinf(rate):
-            return sync[i]
-        each_way, lat, floor, cpu = parts[i]
+            return sync[u]
+        each_way, lat, floor, cpu = parts[u]
         tokens = min(link.burst, tokens + (start - t_tokens) * rate)
         over = max(0.0, each_way - tokens)
         tokens = max(0.0, tokens - each_way)
@@ -276,6 +339,7 @@ def simulate(
 
     if not cpu_overlap and n:
         fwd[0] += stolen
+    lowest = {min(unit): u for u, unit in enumerate(units)}  # a unit is ready after its lowest layer
     fresh = [0.0] * n  # when layer l's parameters for the next forward are in place
     t, comm_free = 0.0, 0.0
     starts, events = [], []
@@ -290,15 +354,17 @@ def simulate(
         for i in range(n - 1, -1, -1):
             s, t = t, t + bwd[i]
             events.append(("compute", layers[i].name, s, t, it))
-            if sync[i] is not None:
-                queued.append((i, t))
+            if i in lowest:
+                queued.append((lowest[i], t))
         if not wfbp:
-            queued = [(i, t) for i, _ in queued]  # everything waits for the whole backward
-        for i, ready in queued:
+            queued = [(u, t) for u, _ in queued]  # everything waits for the whole backward
+        for u, ready in queued:
             s = max(comm_free, ready)
-            comm_free = s + sync_time(i, s)
-            fresh[i] = comm_free
-            events.append(("comm", layers[i].name, s, comm_free, it))
+            comm_free = s + sync_time(u, s)
+            name = "+".join(layers[i].name for i in units[u])
+            for i in units[u]:
+                fresh[i] = comm_free
+            events.append(("comm", name, s, comm_free, it))
         if not wfbp:
             fresh = [comm_free] * n  # the next iteration starts when every layer is synchronized
     period = (starts[-1] - starts[1]) / (len(starts) - 2)
