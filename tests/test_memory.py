@@ -230,10 +230,13 @@ def test_lenet_report_and_target(monkeypatch):
     assert direct.size < arena, (direct.size, arena)
 
 
-def test_plan_without_a_run_sees_only_setup_scratch():
+def test_plan_without_a_run_sees_the_scratch_sized_at_setup():
     caffe.set_random_seed(1)
     net = caffe.Net(_load("lenet_train_test.prototxt"), caffe.TRAIN)
     plan = plan_net(net, run_first=False)
     names = {b.name for b in plan.buffers}
     assert "pool1:mask" in names  # allocated by reshape, at setup
-    assert "conv1:col" not in names  # allocated by the first forward
+    assert {"conv2:col", "conv2:out"} <= names  # Convolution sizes its buffers at reshape too
+    by_name = {b.name: b for b in plan.buffers}
+    conv2 = net.layers[net.layer_names.index("conv2")]
+    assert by_name["conv2:col"].count == conv2.scratch()[0].array.size  # the size its forward uses

@@ -16,6 +16,13 @@ Where the digits come from, first that applies (``D`` is the data directory, see
    rebuild numpy arrays; then the arrays are converted once to the uint8 cache of (2), written
    atomically.
 
+**Training reads batches from a file.**  A net whose data layer names ``mnist_train`` or
+``mnist_test`` gets :func:`open_split`'s data set: the images stay on disk and each batch is read
+from an uncompressed twin of the cache, ``D/mnist/raw/`` (``{train,test}_{images,labels}.npy``,
+55 MB, written once from the cache and checked against the sha256s recorded in ``raw.json`` when
+it is opened), so a training process does not hold the 55 MB of pixels.  The bytes, and so every
+batch, are those of the cache.  ``load()`` still returns the arrays in memory.
+
 The pickle holds (train 50000, valid 10000, test 10000) float32 images = uint8 / 256 exactly and
 int64 labels; train + valid is the original 60,000-image training set (in the original order), so
 ``train`` here is 60,000 images and ``test`` 10,000, as in Caffe's ``mnist_train_lmdb`` /
@@ -369,6 +376,81 @@ def fetch(cache_dir=None, progress=None, force=False):
         "pickle_sha256": PICKLE_SHA256,
     }
     return _finish(_memo[key])
+
+
+# -- 4. the uncompressed twin the data layers read from ------------------------------------------
+RAW_FORMAT = 1
+
+
+def raw_dir(cache_dir=None):
+    return data_dir(cache_dir) / "mnist" / "raw"
+
+
+def _raw_name(split, what):
+    return f"{split}_{what}.npy"
+
+
+def _cache_sha256(cache_dir):
+    try:
+        return json.loads(_record_path(cache_path(cache_dir)).read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _raw_ok(root, source_sha, progress):
+    """Is ``root`` a complete twin of the cache whose sha256 is ``source_sha``?  Checks every file's sha256."""
+    try:
+        record = json.loads((root / "raw.json").read_text())
+        if record.get("format") != RAW_FORMAT or record.get("made_from") != source_sha:
+            return False
+        for split in SPLITS:
+            for what in ("images", "labels"):
+                name = _raw_name(split, what)
+                if sha256_file(root / name) != record["sha256"][name]:
+                    progress.step(f"{root / name} does not match its recorded sha256; writing it again")
+                    return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def open_split(split, cache_dir=None, progress=None):
+    """MNIST ``split`` ("train" or "test") as a data set read from disk batch by batch
+    (:class:`~minicaffe.data.sources.NpyFileDataset`), or in memory when the user's IDX files are
+    the source.  Writes the uncompressed twin of the cache on first use (from the cache, fetching
+    MNIST first if needed); the arrays read to write it are not kept."""
+    from .dataset import Dataset
+    from .sources import NpyFileDataset
+
+    if split not in SPLITS:
+        raise DatasetError(f"MNIST has the splits {', '.join(SPLITS)}, not '{split}'")
+    progress = progress or Progress()
+    if find_idx(cache_dir) is not None:
+        return Dataset(f"mnist_{split}", *load(cache_dir, progress)[split])
+    root = raw_dir(cache_dir)
+    source_sha = _cache_sha256(cache_dir)
+    if source_sha is None or not _raw_ok(root, source_sha, progress):
+        key = ("npz", str(cache_path(cache_dir).resolve()))
+        held = key in _memo
+        info = fetch(cache_dir, progress)
+        progress.step(f"writing {root} (uncompressed, read batch by batch; once)")
+        _write_raw(root, info["arrays"], info["cache_sha256"])
+        if not held:
+            _memo.pop(key, None)  # read only to write the twin: do not keep 55 MB
+    labels = np.load(root / _raw_name(split, "labels"), allow_pickle=False)
+    return NpyFileDataset(f"mnist_{split}", root / _raw_name(split, "images"), labels)
+
+
+def _write_raw(root, arrays, source_sha):
+    root.mkdir(parents=True, exist_ok=True)
+    digests = {}
+    for split in SPLITS:
+        for what, array in zip(("images", "labels"), arrays[split]):
+            name = _raw_name(split, what)
+            atomic_write(root / name, lambda f, a=array: np.save(f, np.ascontiguousarray(a), allow_pickle=False))
+            digests[name] = sha256_file(root / name)
+    record = {"format": RAW_FORMAT, "made_from": source_sha, "sha256": digests}
+    atomic_write(root / "raw.json", lambda f: f.write((json.dumps(record, indent=1) + "\n").encode()))
 
 
 def _finish(info):

@@ -7,7 +7,8 @@ also accepts dataset *names*.  First match wins:
 ``source``                                             dataset
 ====================================================  ============================================
 a name given to :func:`register_dataset`               your arrays (exact name; checked first)
-``mnist_train`` / ``mnist_test``                       MNIST, 60,000 / 10,000 images 1x28x28 uint8
+``mnist_train`` / ``mnist_test``                       MNIST, 60,000 / 10,000 images 1x28x28 uint8,
+                                                       read from disk per batch
 the path of an LMDB or LevelDB directory               its Datum records, in key order, read as
                                                        needed (:mod:`.db`, :mod:`.sources`)
 any path ending in ``mnist_train_lmdb`` or             MNIST train / test, so Caffe's
@@ -63,8 +64,7 @@ CAFFE_PATHS = {
 
 
 def _mnist(split):
-    images, labels = mnist.load()[split]
-    return Dataset(f"mnist_{split}", images, labels)
+    return mnist.open_split(split)  # read from disk batch by batch (mnist.py, "Training reads batches")
 
 
 def _cifar(split):

@@ -194,6 +194,9 @@ class Convolution(_ConvBase):
         for t in top:
             t.reshape(n, self.num_output, oh, ow)
         self._col_key = None
+        # size the work buffers for the largest round now (empty: no page is touched before use),
+        # so that a memory plan made before the first forward places them (memory.plan_training)
+        self._reserve(self._rounds(n)[0][1], gemm=not self._direct)
 
     # -- the GEMMs, on one chunk of images (one lane's share of a round) ----------------------------
     def _forward_chunk(self, lane, x, y):

@@ -10,7 +10,19 @@ parameter vectors), report.py (the report), and docs/PARALLEL.md.
 
 from .flat import ParamLayout, attach_history
 from .lifetimes import Buffer, net_buffers
-from .planner import Arena, NetPlan, dry_run, history_buffers, peak_bytes, place, plan_memory, plan_net, plan_solver
+from .planner import (
+    Arena,
+    NetPlan,
+    TrainingPlan,
+    dry_run,
+    history_buffers,
+    peak_bytes,
+    place,
+    plan_memory,
+    plan_net,
+    plan_solver,
+    plan_training,
+)
 from .report import report_text
 
 __all__ = [
@@ -27,5 +39,7 @@ __all__ = [
     "attach_history",
     "history_buffers",
     "plan_solver",
+    "plan_training",
+    "TrainingPlan",
     "report_text",
 ]

@@ -111,11 +111,13 @@ def _storage_key(blob, which):
     return id(blob.data_storage if which == "data" else blob.diff_storage)
 
 
-def net_buffers(net, params=True):
+def net_buffers(net, params=True, backward=True):
     """Every buffer of ``net`` with its lifetime (see the module docstring).
 
     ``params``: include the parameters and their gradients (two persistent flat buffers);
     replicas of a data-parallel run leave them out (they are shared, see minicaffe.parallel).
+    ``backward=False``: the net only runs forward (a test net): no layer's backward counts, so
+    diffs nobody writes are never live.
     Scratch sizes are what the layers hold now: run the net once first (``dry_run``).
     """
     n_steps, fwd, bwd = steps(net)
@@ -142,7 +144,7 @@ def net_buffers(net, params=True):
     diff_written = set()  # diffs some backward writes (a consumer's)
     for li, layer in enumerate(net.layers):
         reads = layer.backward_reads
-        runs_bw = net.layer_need_backward[li]
+        runs_bw = backward and net.layer_need_backward[li]
         for role, blobs in (("bottom", net.bottom_vecs[li]), ("top", net.top_vecs[li])):
             for j, blob in enumerate(blobs):
                 dk, gk = _storage_key(blob, "data"), _storage_key(blob, "diff")
@@ -195,7 +197,7 @@ def net_buffers(net, params=True):
             )
 
     for li, layer in enumerate(net.layers):
-        runs_bw = net.layer_need_backward[li]
+        runs_bw = backward and net.layer_need_backward[li]
         for name, arr, attach, span in layer_scratch(layer):
             if arr is None or arr.size == 0:
                 continue

@@ -9,6 +9,13 @@ time.  Persistent buffers conflict with everything, so they end up side by side.
     plan = plan_net(net)          # lifetimes + offsets; runs the net once to size scratch
     plan.allocate()               # one uint8 arena (device memory on a GPU), every blob attached to its slice
     plan.poison(step)             # fill the bytes no buffer needs at `step` with 0xFF (NaN)
+    plan = plan_training(solver)  # a training process: the training net and its test nets, one arena
+
+A training process runs its test nets between iterations, when nothing of the training net but
+its persistent buffers (parameters, gradients, history, inputs, outputs) holds anything, so
+``plan_training`` places a test net's buffers as if its steps came after the training net's: they
+share the bytes of the training net's activations, diffs and scratch (Caffe keeps one column
+buffer per net; here the convolutions of both nets, and their activations, share one region).
 
 The *peak* (the most bytes live at any one step) is a lower bound for any placement; the arena
 size is what this one achieves.
@@ -48,10 +55,10 @@ def peak_bytes(buffers, n_steps):
     return max((sum(b.nbytes for b in buffers if b.live_at(t)) for t in range(n_steps)), default=0)
 
 
-def dry_run(net):
-    """Run one forward/backward so that layers allocate their scratch, then undo its effects:
-    parameters (BatchNorm's running sums live there), data readers' positions, the global RNG,
-    input blobs and parameter gradients are as before."""
+def dry_run(net, backward=True):
+    """Run one forward/backward (``backward=False``: forward only) so that layers allocate their
+    scratch, then undo its effects: parameters (BatchNorm's running sums live there), data
+    readers' positions, the global RNG, input blobs and parameter gradients are as before."""
     from ..rng import get_rng
 
     params = [p.dev_flat_data.copy() for p in net.learnable_params]
@@ -60,7 +67,7 @@ def dry_run(net):
     gen = get_rng().bit_generator
     rng_state = gen.state
     try:
-        net.forward_backward()
+        net.forward_backward() if backward else net.forward()
     finally:
         for p, v in zip(net.learnable_params, params):
             p.dev_flat_data[...] = v
@@ -70,6 +77,17 @@ def dry_run(net):
             net.layers[i].seek(state)
         gen.state = rng_state
         net.clear_param_diffs()
+
+
+def check_placement(buffers):
+    """Raise if two buffers that are live at the same step share a byte."""
+    bufs = sorted(buffers, key=lambda b: b.offset)
+    for i, a in enumerate(bufs):
+        for b in bufs[i + 1 :]:
+            if b.offset >= a.offset + a.nbytes:
+                break
+            if a.overlaps(b) and a.nbytes and b.nbytes:
+                raise MinicaffeError(f"memory plan: {a.name} and {b.name} are live together and overlap")
 
 
 class Arena:
@@ -113,13 +131,7 @@ class NetPlan:
 
     def check(self):
         """No two buffers that are live at the same step share a byte (the planner's invariant)."""
-        bufs = sorted(self.buffers, key=lambda b: b.offset)
-        for i, a in enumerate(bufs):
-            for b in bufs[i + 1 :]:
-                if b.offset >= a.offset + a.nbytes:
-                    break
-                if a.overlaps(b) and a.nbytes and b.nbytes:
-                    raise MinicaffeError(f"memory plan: {a.name} and {b.name} are live together and overlap")
+        check_placement(self.buffers)
 
     def attach(self, arena, base):
         """Give every buffer its slice of ``arena`` (which has this plan's ``size`` bytes at ``base``)."""
@@ -228,3 +240,80 @@ def plan_solver(solver, recompute=False):
     for net in solver.test_nets:
         net.share_with(solver.net)
     return plan
+
+
+class TrainingPlan:
+    """The one arena of a training process (``plan_training``): ``size``, ``peak`` and ``naive``
+    bytes as in NetPlan, over the training net's buffers and its test nets'; ``arena``."""
+
+    def __init__(self, buffers, n_steps, arena):
+        self.buffers, self.arena = buffers, arena
+        self.size = arena.size
+        self.peak = peak_bytes(buffers, n_steps)
+        self.naive = sum(b.nbytes for b in buffers)
+
+    def by_category(self):
+        out = {}
+        for b in self.buffers:
+            n, total = out.get(b.category, (0, 0))
+            out[b.category] = (n + 1, total + b.nbytes)
+        return out
+
+
+def plan_training(solver, recompute=False, run_first=True):
+    """Plan the solver's training net (parameters, gradients, the solver's history, activations,
+    diffs, scratch) and its test nets (forward only) in one arena, a test net's steps placed after
+    the training net's (see the module docstring), and attach everything to it.  Values are
+    copied in; results are bit for bit those of the unplanned nets (tests/test_memory.py).
+
+    ``run_first=False`` plans without running the nets first: only the scratch layers have sized
+    at reshape (Convolution and Pooling do) is placed, the rest stays the layers' own; nothing is
+    computed, so no page of the unplanned buffers is touched and the process's peak stays low.
+    """
+    net = solver.net
+    train = plan_net(net, params=True, recompute=recompute, extra=history_buffers(solver), run_first=run_first)
+    buffers, shift = list(train.buffers), train.n_steps
+    for test in solver.test_nets:
+        if run_first:
+            dry_run(test, backward=False)
+        for b in net_buffers(test, params=False, backward=False):
+            if b.intervals == []:
+                continue  # a diff no forward touches keeps its own (never touched) storage
+            if b.intervals:
+                b.intervals = [(a + shift, z + shift) for a, z in b.intervals]
+            b.name = f"{test.name} (test): {b.name}"
+            buffers.append(b)
+        shift += steps(test)[0]
+    arena = Arena(net.xp)
+    base = arena.reserve(place(buffers))
+    check_placement(buffers)
+    arena.allocate()
+    for b in buffers:
+        b.attach(arena.view(base + b.offset, b.count, b.dtype))
+    for test in solver.test_nets:
+        test.share_with(net)  # their parameters are the training net's, now in the arena
+    trim_heap()  # the storage the blobs had before is free now
+    return TrainingPlan(buffers, shift, arena)
+
+
+def trim_heap():
+    """Give freed C-heap memory back to the operating system (glibc's ``malloc_trim``).
+
+    Blobs allocate their storage when a net is built; attaching them to an arena frees it, but
+    arrays under glibc's mmap threshold (128 KiB, raised as large blocks are freed) live in the
+    C heap, whose freed pages stay resident until trimmed: about 11 MiB for LeNet's two nets.
+    Returns False where there is no ``malloc_trim`` (not glibc), and does nothing there."""
+    import ctypes
+    import gc
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    gc.collect()  # blobs in reference cycles (layers <-> nets) are freed now, not at some later time
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True

@@ -17,6 +17,7 @@ the current iteration, writes a snapshot and prints the command that resumes the
 """
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -547,6 +548,25 @@ def choose_lanes(args, device, log):
     return n
 
 
+def plan_arena(solver, args, device, log):
+    """One process training on the CPU: place the training net, its test nets, the parameters,
+    gradients and the solver's history in one arena (minicaffe.memory.plan_training; the test
+    nets reuse the training net's activation and scratch bytes).  Planned without running the nets
+    (the layers size their work buffers at reshape), so nothing unplanned is touched first.  The
+    threaded and distributed runtimes and the GPU manage their own memory."""
+    if device != "cpu" or args.workers > 1 or args.staleness > 0 or dist.is_node(args) or args.cuda_graph:
+        return None
+    from ..memory import plan_training
+
+    plan = plan_training(solver, run_first=False)
+    mib = 2.0**-20
+    log(
+        f"Memory: one arena of {plan.size * mib:.1f} MiB for the training net, {len(solver.test_nets)} test "
+        f"net(s), parameters and solver history ({plan.naive * mib:.1f} MiB unshared)"
+    )
+    return plan
+
+
 def run(args, argv=None):
     from ..solvers import get_solver, load_solver_param
 
@@ -620,6 +640,7 @@ def run(args, argv=None):
     if progress is not None:
         progress.set_phase("setting up: building the nets")
     solver = get_solver(param, base_dir=base_dir, log=log)
+    plan_arena(solver, args, device, log)
     if args.weights:
         solver.net.copy_from(args.weights, log=log)  # logs ignored and missing layers, then a summary
         log(f"Initialized from {args.weights}")
@@ -774,23 +795,28 @@ def run(args, argv=None):
         if progress is not None:
             progress.close()
     elapsed = time.perf_counter() - start
-    done = solver.iter - start_iter
-    if solver.requested_stop:
+    iteration, stopped = solver.iter, solver.requested_stop
+    # the nets, their arena and the data readers are not needed for the log and the plot: give
+    # their memory back first, so that drawing the curves (matplotlib) does not add to it
+    solver = None
+    gc.collect()
+    done = iteration - start_iter
+    if stopped:
         status = "stopped"
     log(
         f"Trained {done} iterations in {elapsed:.1f} s ({fmt_seconds(elapsed)}, "
         f"{1000 * elapsed / max(done, 1):.2f} ms/iter including tests)"
     )
-    data = finish(record, out_dir, args, status, solver.iter, message, log)
+    data = finish(record, out_dir, args, status, iteration, message, log)
     tests = [t for t in data["test"] if t["net"] == 0]
     if tests:
         final = ", ".join(f"{k} = {v:.4f}" for k, v in tests[-1]["outputs"].items() if isinstance(v, float))
-        kind = "Last test" if solver.requested_stop else "Final test"
+        kind = "Last test" if stopped else "Final test"
         log(f"{kind} (iteration {tests[-1]['iter']}): {final}")
-    if solver.requested_stop:
+    if stopped:
         state = last_snapshot(out_dir)
         if state:
-            log(f"Stopped at iteration {solver.iter}. To continue this run:")
+            log(f"Stopped at iteration {iteration}. To continue this run:")
             log(f"    {resume_command(sys.argv[1:] if argv is None else argv, state)}")
         return 130
     return 0

@@ -1,0 +1,158 @@
+"""Memory of a training process: the one arena of ``plan_training`` (training net, test nets,
+parameters, history) changes no result, and a LeNet training step allocates no temporaries."""
+
+import os
+import re
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from minicaffe.data import register_dataset, unregister_dataset
+from minicaffe.memory import plan_training
+from minicaffe.parallel import lanes
+from minicaffe.solvers import get_solver
+
+NETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nets")
+SOLVER = (
+    'net: "{net}" base_lr: 0.01 momentum: 0.9 weight_decay: 0.0005 lr_policy: "inv" gamma: 0.0001 '
+    "power: 0.75 max_iter: 100 display: 0 random_seed: 1 test_iter: 2 test_interval: {interval}\n"
+)
+
+#: most bytes one phase of a step (a layer's forward or backward, the update) may allocate and
+#: free again: numpy's ufuncs keep up to two internal buffers of 8192 elements (64 KiB in float32)
+#: while they add a transposed array, as the convolutions' bias epilogue does; any array of the
+#: size of a blob, a column buffer or a weight gradient is above it
+PHASE_LIMIT = 72 * 1024
+
+
+@pytest.fixture
+def one_lane():
+    saved = lanes.count()
+    lanes.set_count(1)
+    yield
+    lanes.set_count(saved)
+
+
+def lenet(tmp_path, data_layers, interval=1000):
+    """Caffe's LeNet (nets/lenet_train_test.prototxt) with its two Data layers replaced."""
+    text = open(os.path.join(NETS, "lenet_train_test.prototxt")).read()
+    parts = re.split(r"(?=\nlayer \{)", text)
+    body = [p for p in parts if 'type: "Data"' not in p]
+    net = tmp_path / "lenet.prototxt"
+    net.write_text(body[0] + "\n" + data_layers + "".join(body[1:]))
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(SOLVER.format(net=net, interval=interval))
+    return get_solver(str(solver), log=lambda m: None)
+
+
+@pytest.fixture
+def digits():
+    rng = np.random.default_rng(3)
+    register_dataset("rss_train", rng.integers(0, 256, (200, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 200))
+    register_dataset("rss_test", rng.integers(0, 256, (120, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 120))
+    yield
+    unregister_dataset("rss_train")
+    unregister_dataset("rss_test")
+
+
+DATA = (
+    'layer { name: "mnist" type: "Data" top: "data" top: "label" include { phase: TRAIN }\n'
+    '  transform_param { scale: 0.00390625 } data_param { source: "rss_train" batch_size: 16 } }\n'
+    'layer { name: "mnist" type: "Data" top: "data" top: "label" include { phase: TEST }\n'
+    '  transform_param { scale: 0.00390625 } data_param { source: "rss_test" batch_size: 20 } }\n'
+)
+
+
+def run(solver, steps):
+    losses, tests = [], []
+    solver.on_iteration.append(lambda s, loss, lr: losses.append(loss))
+    solver.on_test.append(lambda s, i, result: tests.append(dict(result)))
+    solver.step(steps)
+    return losses, tests, [p.data.copy() for p in solver.net.learnable_params]
+
+
+@pytest.mark.parametrize("run_first", [False, True])
+def test_one_arena_for_training_and_test_nets_changes_no_result(tmp_path, digits, run_first):
+    """Tests run between iterations in bytes the training net's activations and scratch use
+    during an iteration; losses, test outputs and parameters are bit for bit those without it."""
+    plain = run(lenet(tmp_path, DATA, interval=4), 10)
+    solver = lenet(tmp_path, DATA, interval=4)
+    plan = plan_training(solver, run_first=run_first)
+    planned = run(solver, 10)
+    assert planned[0] == plain[0]  # losses, exactly
+    assert planned[1] == plain[1] and len(planned[1]) == 3  # tests at 0, 4, 8
+    for a, b in zip(planned[2], plain[2]):
+        np.testing.assert_array_equal(a, b)
+    # the test net's activations and scratch share the training net's bytes
+    assert plan.size < plan.naive
+    test_bufs = [b for b in plan.buffers if "(test)" in b.name and not b.persistent]
+    train_bufs = [b for b in plan.buffers if "(test)" not in b.name and not b.persistent]
+    assert any(t.offset < r.offset + r.nbytes and r.offset < t.offset + t.nbytes for t in test_bufs for r in train_bufs)
+    for net in [solver.net] + solver.test_nets:  # every blob now lives in the arena
+        for name in ("conv1", "pool2", "ip1"):
+            assert np.shares_memory(net.blobs[name].data, plan.arena.buffer)
+    assert np.shares_memory(solver.test_nets[0].params["conv1"][0].data, plan.arena.buffer)
+
+
+MEMORY_DATA = (
+    'layer { name: "mnist" type: "MemoryData" top: "data" top: "label" include { phase: TRAIN }\n'
+    "  memory_data_param { batch_size: 64 channels: 1 height: 28 width: 28 } }\n"
+    'layer { name: "mnist" type: "MemoryData" top: "data" top: "label" include { phase: TEST }\n'
+    "  memory_data_param { batch_size: 100 channels: 1 height: 28 width: 28 } }\n"
+)
+
+
+class PhasePeaks:
+    """The most bytes each phase of a step allocates above what it started with (tracemalloc):
+    every layer's forward and backward (the Net's hooks) and the update (Solver callbacks)."""
+
+    def __init__(self, solver):
+        self.net, self.peaks, self.phase, self.start = solver.net, {}, None, 0
+        self.handle = self.net.add_hooks(
+            before_forward=lambda i: self.begin(f"{self.net.layer_names[i]} forward"),
+            after_forward=lambda i: self.end(),
+            before_backward=lambda i: self.begin(f"{self.net.layer_names[i]} backward"),
+            after_backward=lambda i: self.end(),
+        )
+        solver.add_callback(self)
+
+    def begin(self, phase):
+        self.phase = phase
+        tracemalloc.reset_peak()
+        self.start = tracemalloc.get_traced_memory()[0]
+
+    def end(self):
+        if self.phase is not None and tracemalloc.is_tracing():
+            peak = tracemalloc.get_traced_memory()[1] - self.start
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), peak)
+        self.phase = None
+
+    def on_gradients_ready(self, solver):
+        self.end()
+        self.begin("update (lr policy, weight decay, momentum, step)")
+
+    def on_iteration(self, solver, loss, lr):
+        self.end()
+
+
+def test_lenet_training_step_allocates_no_temporaries(tmp_path, one_lane):
+    """After warm-up, no phase of a LeNet step (batch 64, Caffe's SGD solver) allocates an array:
+    every activation, diff, column buffer and weight-gradient product is kept between steps."""
+    solver = lenet(tmp_path, MEMORY_DATA)
+    rng = np.random.default_rng(0)
+    for net, n in ((solver.net, 256), (solver.test_nets[0], 200)):
+        images = rng.integers(0, 256, (n, 1, 28, 28)).astype(np.float32) / 256
+        net.layers[0].set_input_arrays(images, rng.integers(0, 10, n))
+    plan_training(solver, run_first=False)
+    solver.step(3)  # warm-up: kernels compiled or loaded, every buffer at its size
+    peaks = PhasePeaks(solver)
+    tracemalloc.start()
+    try:
+        solver.step(4)
+    finally:
+        tracemalloc.stop()
+    # every phase was seen: each layer's forward and backward (but the data layer's), the update
+    assert len(peaks.peaks) == 2 * len(solver.net.layers) - 1 + 1
+    over = {phase: peak for phase, peak in peaks.peaks.items() if peak > PHASE_LIMIT}
+    assert not over, f"phases of a LeNet step that allocated more than {PHASE_LIMIT} bytes: {over}"
