@@ -156,3 +156,18 @@ def test_lenet_training_step_allocates_no_temporaries(tmp_path, one_lane):
     assert len(peaks.peaks) == 2 * len(solver.net.layers) - 1 + 1
     over = {phase: peak for phase, peak in peaks.peaks.items() if peak > PHASE_LIMIT}
     assert not over, f"phases of a LeNet step that allocated more than {PHASE_LIMIT} bytes: {over}"
+
+
+def test_curves_are_drawn_from_each_buckets_lowest_and_highest_point():
+    from minicaffe.tools.train import min_max_decimate
+
+    x = np.arange(10)
+    assert len(min_max_decimate(x, x * 2.0)[0]) == 10  # a short curve: every point
+    rng = np.random.default_rng(0)
+    x, y = np.arange(10_000), rng.lognormal(size=10_000)
+    dx, dy = min_max_decimate(x, y, buckets=1000)
+    assert len(dx) <= 2000 and np.all(np.diff(dx) > 0)  # in order, at most 2 a bucket
+    np.testing.assert_array_equal(dy, y[dx])  # points of the curve, not averages
+    for a in range(0, 10_000, 10):  # every bucket keeps its extremes: the line covers the same pixels
+        inside = (dx >= a) & (dx < a + 10)
+        assert dy[inside].min() == y[a : a + 10].min() and dy[inside].max() == y[a : a + 10].max()
