@@ -335,15 +335,18 @@ def tcp_cpu_per_byte(use_ns, mb=32):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def node_cpu_from_run(nodes, iters, wfbp, bucket_kb):
+def node_cpu_from_run(nodes, iters, wfbp, bucket_kb, link=None):
     """Per node per iteration, from one run that is not part of the validation (LeNet, plain PS,
-    ``nodes`` nodes on loopback with no link limit): the transport threads' CPU, all CPU, bytes."""
+    ``nodes`` nodes on loopback, no link limit or the transport's limiter at ``link``): the
+    transport threads' CPU, the compute thread's, all CPU, bytes."""
     with tempfile.TemporaryDirectory(prefix="poseidon-calibrate-") as work:
         solver, _ = synthetic_solver("lenet", work, iters)
         out = os.path.join(work, "run")
         cmd = [sys.executable, "-m", "minicaffe.train", solver, "--iters", str(iters), "--test-interval", "0"]
         cmd += ["--no-plot", "--output", out, "--force", "--comm", "ps", "--wfbp", wfbp, "--nodes", str(nodes)]
         cmd += ["--bucket-kb", f"{bucket_kb:g}"]
+        if link:
+            cmd += ["--link", link, "--link-delay", DELAY]
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), cwd=work)
         if r.returncode != 0:
             raise SystemExit(f"calibration run failed:\n{(r.stdout + r.stderr)[-2000:]}")
@@ -360,7 +363,7 @@ def node_cpu_from_run(nodes, iters, wfbp, bucket_kb):
     }
 
 
-def frame_and_wfbp_cpu(tcp_byte, alone, nodes=4, iters=60, repeat=3):
+def frame_and_wfbp_cpu(tcp_byte, alone, nodes=4, iters=150, repeat=3):
     """The two CPU costs the simulator takes from training runs, none of them a validated run:
     LeNet, plain PS, ``nodes`` nodes on loopback, no link limit, every layer its own bucket
     (``--bucket-kb`` of one byte: 4 units of 4 (P-1) frames), WFBP off and on, ``repeat`` times
@@ -370,17 +373,21 @@ def frame_and_wfbp_cpu(tcp_byte, alone, nodes=4, iters=60, repeat=3):
       a sender and a receiver thread on busy cores: 2 x (transport CPU - bytes' cost) / frames;
     - a WFBP sync: (all CPU with WFBP - all CPU without) / units, the switches between the
       node's threads that interleaving the syncs with the backward costs on shared cores;
+    - the transport's limiter (``--link``, a rate no validated run uses, and the runs' latency):
+      (transport CPU with it - without) / frames sent: a lock, a sleep and its wake-up per
+      frame and per 256 KiB piece in every sender;
     - contention: the compute thread's CPU per iteration in the run (WFBP off) over ``alone``,
       the same forward and backward timed alone (the calibration's layers of LeNet on
       ``nodes`` nodes)."""
     units = 4  # conv1, conv2, ip1, ip2
     frames = 4 * (nodes - 1) * units
-    runs = {"off": [], "on": []}
+    runs = {"off": [], "on": [], "limiter": []}
     for _ in range(repeat):
         for w in ("off", "on"):
             runs[w].append(node_cpu_from_run(nodes, iters, w, 0.001))
+        runs["limiter"].append(node_cpu_from_run(nodes, iters, "off", 0.001, link=LIMITER_CALIBRATION))
     med = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
-    off, on = med["off"], med["on"]
+    off, on, lim = med["off"], med["on"], med["limiter"]
     return {
         "run": f"lenet, --comm ps, --bucket-kb 0.001, {nodes} nodes on loopback, no link limit, {iters} iterations",
         "frames_per_iter": frames,
@@ -392,10 +399,13 @@ def frame_and_wfbp_cpu(tcp_byte, alone, nodes=4, iters=60, repeat=3):
         "wfbp_cpu_s_per_sync": max((on["cpu_s"] - off["cpu_s"]) / units, 0.0),
         "compute_alone_s": alone,
         "contention": max(off["compute_cpu_s"] / alone, 1.0),
+        "limiter_link": LIMITER_CALIBRATION,
+        "limiter_cpu_s_per_frame": max((lim["transport_cpu_s"] - off["transport_cpu_s"]) / (frames / 2), 0.0),
     }
 
 
 COSTS = ("cpu_s_per_byte", "cpu_s_per_frame", "round_trip_s")
+LIMITER_CALIBRATION = "5gbit"  # the limiter's calibration runs: a rate the validated runs do not use
 
 
 def calibrate_runs(doc):
@@ -410,7 +420,8 @@ def calibrate_runs(doc):
         f"both ends; one WFBP sync {1e6 * run['wfbp_cpu_s_per_sync']:.0f} us (all CPU per node per iteration "
         f"{1e3 * run['off']['cpu_s']:.2f} ms without WFBP, {1e3 * run['on']['cpu_s']:.2f} ms with); compute "
         f"{1e3 * run['off']['compute_cpu_s']:.2f} ms per iteration against {1e3 * alone:.2f} ms alone: "
-        f"contention x{run['contention']:.2f}",
+        f"contention x{run['contention']:.2f}; the limiter at {run['limiter_link']}: "
+        f"{1e6 * run['limiter_cpu_s_per_frame']:.0f} us per frame sent",
         flush=True,
     )
 
@@ -467,7 +478,8 @@ def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=
     frame = calib["frame_run"]["cpu_s_per_frame"] if "frame_run" in calib else tcp["cpu_s_per_frame"]
     switch = calib.get("frame_run", {}).get("wfbp_cpu_s_per_sync", 0.0)
     contention = calib.get("frame_run", {}).get("contention", 1.0)
-    host = sim.Host(calib["cores"], tcp["cpu_s_per_byte"], frame, switch, contention)
+    limiter = calib.get("frame_run", {}).get("limiter_cpu_s_per_frame", 0.0) if topology == "mesh" else 0.0
+    host = sim.Host(calib["cores"], tcp["cpu_s_per_byte"], frame, switch, contention, limiter)
     from minicaffe.dist.emulate import tbf_burst
     from minicaffe.dist.transport import TokenBucket
 

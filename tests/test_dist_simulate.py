@@ -222,3 +222,10 @@ def test_buckets_cut_frames_and_wfbp_costs_cpu_per_sync():
     on = sim.simulate(layers, 4, link, "ps", wfbp=True, host=host, bucket_bytes=0)
     assert on.period == pytest.approx(per_layer.period + 4 * 3 * 1e-3 / 2)  # 3 units, each 1 ms more
     assert sim.simulate(layers, 4, link, "ps", wfbp=False, host=host, bucket_bytes=0).period == per_layer.period
+
+
+def test_a_transport_limiter_costs_its_sender_cpu_per_frame_sent():
+    host = sim.Host(cores=2, tcp_cpu=1e-9, frame_cpu=1e-4, limiter_frame_cpu=3e-4)
+    # 1 MB sent + received in 24 frames (12 sent): bytes half each end, frames half each end,
+    # the limiter on the 12 frames this node sends
+    assert host.transport_cpu(1e6, 24) == pytest.approx(0.5e-3 + 12 * 1e-4 + 12 * 3e-4)

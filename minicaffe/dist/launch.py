@@ -90,8 +90,8 @@ def wfbp_setting(args, world=2):
     cores. WFBP overlaps a layer's sync with the backward below it, which needs a core to
     communicate on while the compute thread computes; with every core already computing there
     is nothing to overlap, and the sends, receives and updates interleaved with the backward
-    only cost thread switches (measured: 4 nodes on 2 cores, LeNet and CIFAR-10 quick, 6-20%
-    slower with WFBP; docs/POSEIDON.md)."""
+    only cost thread switches (measured with gradient buckets, 4 nodes on 2 cores: LeNet at
+    10 Gbit/s 13% slower with WFBP, CIFAR-10 quick even, the FC head 19% slower; docs/POSEIDON.md)."""
     value = getattr(args, "wfbp", None) or "auto"
     if value != "auto":
         return value == "on", f"--wfbp {value}"

@@ -114,11 +114,15 @@ class Host:
     # the node processes outnumber the cores (caches and cores shared, switches between the
     # processes): measured from a training run, not from the layers' own timing
     contention: float = 1.0
+    # CPU seconds per frame sent that a transport's own rate limiter costs (minicaffe's --link:
+    # a lock, a sleep and its wake-up per frame and per piece); 0 for links shaped outside it
+    limiter_frame_cpu: float = 0.0
 
     def transport_cpu(self, nbytes, frames):
         """CPU seconds one node spends moving ``nbytes`` (sent + received) in ``frames`` frames
-        (sent + received): half of each byte's and frame's cost is the sender's, half the receiver's."""
-        return nbytes / 2 * self.tcp_cpu + frames / 2 * self.frame_cpu
+        (sent + received): half of each byte's and frame's cost is the sender's, half the receiver's;
+        a limiter's, per frame sent, is the sender's alone."""
+        return nbytes / 2 * self.tcp_cpu + frames / 2 * (self.frame_cpu + self.limiter_frame_cpu)
 
     def share(self, nodes):
         """How much slower each node computes when all compute at once: max(1, nodes / cores)
