@@ -261,3 +261,24 @@ def test_wfbp_auto_is_off_only_where_nodes_outnumber_cores(monkeypatch):
     assert not on and "nothing to overlap" in why
     assert wfbp_setting(Namespace(wfbp="on", workers=1), 4) == (True, "--wfbp on")  # as given, always
     assert wfbp_setting(Namespace(wfbp="off", workers=1), 4) == (False, "--wfbp off")
+
+
+def test_bucket_flag_and_the_frame_bound():
+    """--bucket-kb in bytes (default 1 MiB, negative refused clearly); a receiver's frame limit
+    covers any bucket (at most the cap plus the largest layer, never more than the whole net)."""
+    from argparse import Namespace
+
+    from minicaffe.dist.launch import bucket_bytes
+    from minicaffe.dist.ps import DEFAULT_BUCKET_BYTES, frame_bound
+    from minicaffe.dist.transport import DistError
+
+    assert bucket_bytes(Namespace()) == DEFAULT_BUCKET_BYTES == 1 << 20
+    assert bucket_bytes(Namespace(bucket_kb=0)) == 0 and bucket_bytes(Namespace(bucket_kb=2.5)) == 2560
+    with pytest.raises(DistError, match="--bucket-kb must be >= 0"):
+        bucket_bytes(Namespace(bucket_kb=-1))
+    net = lenet_net()
+    total = sum(p.count for p in net.learnable_params) * 4  # 431,080 floats
+    ip1 = (400_000 + 500) * 4
+    assert frame_bound(net, 0) == ip1  # a bucket per blob: at most the largest layer
+    assert frame_bound(net, 4096) == 4096 + ip1
+    assert frame_bound(net, 1 << 30) == total
