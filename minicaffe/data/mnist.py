@@ -20,8 +20,9 @@ Where the digits come from, first that applies (``D`` is the data directory, see
 ``mnist_test`` gets :func:`open_split`'s data set: the images stay on disk and each batch is read
 from an uncompressed twin of the cache, ``D/mnist/raw/`` (``{train,test}_{images,labels}.npy``,
 55 MB, written once from the cache and checked against the sha256s recorded in ``raw.json`` when
-it is opened), so a training process does not hold the 55 MB of pixels.  The bytes, and so every
-batch, are those of the cache.  ``load()`` still returns the arrays in memory.
+it is opened), so a training process does not hold the 55 MB of pixels (a data directory that cannot take
+the twin, read-only or full, falls back to the arrays in memory, and says so).  The bytes, and so
+every batch, are those of the cache.  ``load()`` still returns the arrays in memory.
 
 The pickle holds (train 50000, valid 10000, test 10000) float32 images = uint8 / 256 exactly and
 int64 labels; train + valid is the original 60,000-image training set (in the original order), so
@@ -434,7 +435,11 @@ def open_split(split, cache_dir=None, progress=None):
         held = key in _memo
         info = fetch(cache_dir, progress)
         progress.step(f"writing {root} (uncompressed, read batch by batch; once)")
-        _write_raw(root, info["arrays"], info["cache_sha256"])
+        try:
+            _write_raw(root, info["arrays"], info["cache_sha256"])
+        except OSError as e:  # a read-only or full data directory: train from memory as before
+            progress.step(f"cannot write {root} ({e}); MNIST is held in memory instead (55 MB)")
+            return Dataset(f"mnist_{split}", *info["arrays"][split])
         if not held:
             _memo.pop(key, None)  # read only to write the twin: do not keep 55 MB
     labels = np.load(root / _raw_name(split, "labels"), allow_pickle=False)
