@@ -102,7 +102,8 @@ def child(mode, steps, wait, update="sharded"):
     solver.param.test_interval = 0
     blas.set_threads(1)
     if mode == "workers":
-        step = ParallelTrainer(solver, 2, blas_threads=1, shard_update=update == "sharded").step
+        extra = {"shard_update": False} if update == "server" else {}
+        step = ParallelTrainer(solver, 2, blas_threads=1, **extra).step
     else:
         lanes.set_count(2 if mode == "lanes" else 1)
         step = solver.step

@@ -46,7 +46,7 @@ def test_the_fused_sharded_update_equals_the_servers(n):
     work = grads.copy()
     for k in range(n):
         plan.run(k, work, weights, w, g, h, 0.01, 0.9)
-    assert not work.any(), "the gradient slots are zeroed for the next clock"
+    np.testing.assert_array_equal(work, grads)  # the workers' gradients are only read
     if n == 1:  # the same arithmetic in the same order
         np.testing.assert_array_equal(g, g_ref)
         np.testing.assert_array_equal(w, w_ref)
@@ -89,7 +89,7 @@ def test_a_sharded_run_trains_as_the_servers_update(tmp_path, n):
         par = make_solver(tmp_path)
         trainer = ParallelTrainer(par, n, shard_update=shard)
         trainer.step(3)
-        trainer.step(3)  # a second run of the same trainer (its gradient slots were left zeroed)
+        trainer.step(3)  # a second run of the same trainer
         assert trainer.sharded is shard and par.iter == 6
         runs[shard] = (params_of(par), [p.diff.copy() for p in par.net.learnable_params], trainer.stats())
     assert_params_close(params_of(serial), runs[True][0])

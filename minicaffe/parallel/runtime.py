@@ -188,7 +188,6 @@ class ParallelTrainer:
         # event wakes only the threads that wait for it
         self._cv = threading.Condition(self._lock)
         self._cv_server = threading.Condition(self._lock)
-        self._grads_zeroed = False  # every G_k is zero (a sharded run ended cleanly)
         self.sharded = False  # the last run's reduce + update ran on the workers (shard.py)
         self._threads = []
         self._installed = False
@@ -354,10 +353,7 @@ class ParallelTrainer:
                 [solver.param.weight_decay * d for d in solver.net.params_weight_decay],
                 self.n,
             )
-            if not self._grads_zeroed:
-                self.grads[...] = 0
             solver.set_updater(self._sharded_update)
-        self._grads_zeroed = False
         self._pinned = self._cores_to_pin()
         self._saved_blas = blas.get_threads()
         blas.set_threads(self.blas_threads)
@@ -384,9 +380,9 @@ class ParallelTrainer:
             for k in range(self.n)
         ]
         self._t0 = time.perf_counter()
+        self._fetch_until(self._lookahead(0))  # first, so that the workers find their batch waiting
         for t in self._threads:
             t.start()
-        self._fetch_until(self._lookahead(0))
         mode = "BSP" if not self.staleness else f"SSP, staleness {self.staleness}"
         update = (
             "reduce + update sharded over the workers"
@@ -429,10 +425,6 @@ class ParallelTrainer:
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.perf_counter()))
         self._left_behind = [t for t in self._threads if t.is_alive()]
-        # a clean sharded run leaves every G_k zeroed by its last update (none delivered since)
-        self._grads_zeroed = (
-            self.sharded and not self._left_behind and self._error is None and max(self._delivered) < self._applied
-        )
         if self.sharded:
             solver.set_updater(None)
         for t in self._left_behind:
@@ -619,7 +611,7 @@ class ParallelTrainer:
                 if self.n_slots > 1 and c % self.n_slots != slot:
                     slot = c % self.n_slots
                     lay.attach_diff(self.grads[k, slot])
-                elif not self.sharded:  # (sharded: the last update zeroed every G_k)
+                else:
                     self.grads[k, slot][...] = 0
                 for name, blobs in inputs.items():
                     lo, hi = self.bounds[name][k]
