@@ -3,7 +3,7 @@
 Who does what, every iteration c (a *clock*: one global batch)::
 
     server (the thread that calls solve/step: it owns the Solver)
-        fetch the global batch c from the Data layer's reader     -> batches[c]
+        fetch the global batch c + 1 from the Data layer's reader -> batches[c + 1]
         wait until the N workers are done with c
         G  = sum_k  (b_k / B) G_k[c]           one dot over the flat gradient vectors
         the Solver's own update: lr policy, clipping, weight decay, momentum/Adam..., W -= step
@@ -13,9 +13,16 @@ Who does what, every iteration c (a *clock*: one global batch)::
         copy its slice [lo_k, hi_k) of batch c into its Input blobs
         G_k[c] = 0; forward; backward                         (reads W, writes only G_k)
 
-Memory: every replica's parameter blobs are views of *one* flat vector W (read-only to workers;
-only the server writes it); each worker writes its own gradient vector G_k, so gradients are
-aggregated without a lock: no two threads ever write the same bytes.  W, G, the solver's history,
+The sharded update (shard.py; SGD with L2 decay on the CPU, BSP, no clipping, iter_size 1): the
+server publishes iteration c's learning rate in its ``on_start`` callback and, in the Solver's
+updater seam, only waits; once all N gradients of c are in, each worker sums them and applies
+SGD's update on its own range of the parameters (one fused pass), and the last one to finish
+sets applied = c + 1.  The server's gemv and update no longer run while every worker waits.
+
+Memory: every replica's parameter blobs are views of *one* flat vector W (written by the server,
+or, in the sharded update, by each worker on its own range between two clocks); each worker
+writes its own gradient vector G_k, so gradients are aggregated without a lock: no two threads
+ever write the same bytes.  W, G, the solver's history,
 the workers' gradient slots and every net's planned activations are sections of one arena.
 
 Threads run at the same time because the heavy work releases the GIL: numba kernels are compiled
@@ -35,7 +42,9 @@ names the worker and the iteration, chained to the original) and no snapshot is 
 so the last periodic snapshot is the one kept.  A worker that has not delivered an iteration
 ``worker_timeout`` seconds (default 300) after the server asked for it is *hung*: the server
 stops the run, snapshots the last consistent parameters (those after the last completed update:
-workers never write them) and raises WorkerTimeout naming the worker thread and the iteration.
+a sharded update starts only once every gradient of the clock is in, so a worker hung in its
+forward or backward never leaves W half updated; a deadline missed inside the update itself ends
+the run without that snapshot) and raises WorkerTimeout naming the worker thread and the iteration.
 A non-finite loss names the worker whose shard produced it and where (minicaffe.checks).
 Ctrl-C (or SIGTERM, in the train tool): the first sets ``solver.requested_stop``, which the
 server also sees while it waits for the workers: a finished iteration ends the run normally; an
