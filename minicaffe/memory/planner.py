@@ -55,6 +55,15 @@ def peak_bytes(buffers, n_steps):
     return max((sum(b.nbytes for b in buffers if b.live_at(t)) for t in range(n_steps)), default=0)
 
 
+def by_category(buffers):
+    """{category: (how many buffers, their bytes)} of a plan's buffers."""
+    out = {}
+    for b in buffers:
+        n, total = out.get(b.category, (0, 0))
+        out[b.category] = (n + 1, total + b.nbytes)
+    return out
+
+
 def dry_run(net, backward=True):
     """Run one forward/backward (``backward=False``: forward only) so that layers allocate their
     scratch, then undo its effects: parameters (BatchNorm's running sums live there), data
@@ -149,11 +158,7 @@ class NetPlan:
         return arena
 
     def by_category(self):
-        out = {}
-        for b in self.buffers:
-            n, total = out.get(b.category, (0, 0))
-            out[b.category] = (n + 1, total + b.nbytes)
-        return out
+        return by_category(self.buffers)
 
     # -- poison: prove that no live buffer is overwritten --------------------------------------
     def dead_ranges(self, step):
@@ -253,11 +258,7 @@ class TrainingPlan:
         self.naive = sum(b.nbytes for b in buffers)
 
     def by_category(self):
-        out = {}
-        for b in self.buffers:
-            n, total = out.get(b.category, (0, 0))
-            out[b.category] = (n + 1, total + b.nbytes)
-        return out
+        return by_category(self.buffers)
 
 
 def plan_training(solver, recompute=False, run_first=True):
