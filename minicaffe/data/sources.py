@@ -5,7 +5,7 @@
 - :class:`NpyFileDataset`  images in an uncompressed ``.npy`` file, each batch read with one
   positional read per run of consecutive images (MNIST's built-in sets: 55 MB not held in memory)
 
-Both look like a :class:`~minicaffe.data.dataset.Dataset` to a :class:`~minicaffe.data.BatchReader`:
+All three look like a :class:`~minicaffe.data.dataset.Dataset` to a :class:`~minicaffe.data.BatchReader`:
 ``len()``, ``shape`` (C, H, W of the first record), ``labels`` (not None: every record has one),
 and ``gather(indices) -> (images, labels)``, reading only the records asked for.  ``images`` is
 one (N, C, H, W) array when the records share a shape, else a list of (C, H, W) arrays (encoded
