@@ -92,7 +92,7 @@ def lenet_net():
 
 def test_plan_of_lenet():
     net = lenet_net()
-    plans = {c.name: c for c in cost.plan(net, 4)}
+    plans = {c.name: c for c in cost.plan(net, 4, host=None)}  # Poseidon's byte rule alone
     assert list(plans) == ["conv1", "conv2", "ip1", "ip2"]
     ip1, ip2 = plans["ip1"], plans["ip2"]
     assert (ip1.m, ip1.n, ip1.k) == (500, 800, 64)
@@ -105,7 +105,11 @@ def test_plan_of_lenet():
     assert {c.name: c.choice for c in cost.plan(net, 16)}["ip1"] == "ps"
     # threads in a node add rows: K = 64 x 2 workers
     assert {c.name: c.k for c in cost.plan(net, 4, workers=2)}["ip1"] == 128
-    text = cost.format_plan(cost.plan(net, 4), 4)
+    # with every node rebuilding from 4 x 64 rows, SFB pays on a 1 Gbit/s link, not at 10 Gbit/s
+    # on this machine's costs (the rebuild's GEMM and the frames outweigh 2.7 MB of CPU-cheap bytes)
+    assert {c.name: c.choice for c in cost.plan(net, 4, link_rate=1e9 / 8)}["ip1"] == "sfb"
+    assert {c.name: c.choice for c in cost.plan(net, 4, link_rate=10e9 / 8)}["ip1"] == "ps"
+    text = cost.format_plan(cost.plan(net, 4, host=None), 4)
     assert "ip1" in text and "SFB" in text and "1,200,000" in text and "499,200" in text
 
 
@@ -261,6 +265,63 @@ def test_wfbp_auto_is_off_only_where_nodes_outnumber_cores(monkeypatch):
     assert not on and "nothing to overlap" in why
     assert wfbp_setting(Namespace(wfbp="on", workers=1), 4) == (True, "--wfbp on")  # as given, always
     assert wfbp_setting(Namespace(wfbp="off", workers=1), 4) == (False, "--wfbp off")
+
+
+def cifar10_quick_costs(k=25):
+    """CIFAR-10 quick's layers with parameters, from shapes (K rows per node)."""
+    lc = cost.layer_cost
+    return [
+        lc(1, "conv1", 2432),
+        lc(4, "conv2", 25632),
+        lc(7, "conv3", 51264),
+        lc(10, "ip1", 65600, 64, 1024, k),
+        lc(11, "ip2", 650, 10, 64, k),
+    ]
+
+
+def test_hybrid_keeps_the_byte_rule_where_sfb_pays_and_ps_where_it_does_not():
+    """CIFAR-10 quick's ip1 on 4 nodes: the byte rule picks SFB (163,200 <= 196,608 floats), but
+    SFB would cut the one gradient bucket in three (36 frames instead of 12) and add a rebuild
+    for 134 KB fewer: the plan keeps PS and says why. LeNet's ip1 and the FC head stay SFB."""
+    costs = cost.choose(cifar10_quick_costs(), 4)
+    ip1 = {c.name: c for c in costs}["ip1"]
+    assert ip1.rule_choice == "sfb" and ip1.choice == "ps" and "does not pay" in ip1.why
+    assert ip1.floats == cost.ps_floats(65600, 1, 4, 4)
+    units = cost.unit_times(costs, set(), 4)
+    assert len(units) == 1 and units[0]["frames"] == 12  # one bucket: a GRAD and a PARAM per peer each way
+    split = cost.unit_times(costs, {"ip1"}, 4)
+    assert [u["method"] for u in split] == ["ps", "sfb", "ps"] and sum(u["frames"] for u in split) == 36
+    assert sum(u["bytes"] for u in split) < units[0]["bytes"]  # fewer bytes, yet slower:
+    assert sum(u["seconds"] for u in split) > units[0]["seconds"]
+    # the byte rule alone (host=None), and --comm sfb, still send it by SFB
+    assert {c.name: c.choice for c in cost.choose(cifar10_quick_costs(), 4, host=None)}["ip1"] == "sfb"
+    assert {c.name: c.choice for c in cost.choose(cifar10_quick_costs(), 4, comm="sfb")}["ip1"] == "sfb"
+    # a slow enough link makes the bytes worth it again
+    slow = {c.name: c.choice for c in cost.choose(cifar10_quick_costs(), 4, link_rate=10e6 / 8)}
+    assert slow["ip1"] == "sfb"
+    net = lenet_net()  # LeNet's ip1: 4.3 MB fewer per node per iteration on 4 nodes pays
+    plans = {c.name: c for c in cost.plan(net, 4, global_batch=True)}
+    assert plans["ip1"].choice == plans["ip1"].rule_choice == "sfb" and "plan with SFB" in plans["ip1"].why
+    head = [cost.layer_cost(i, f"fc{i}", m * n + m, m, n, 8) for i, (m, n) in enumerate([(4096, 9216), (4096, 4096)])]
+    assert [c.choice for c in cost.choose(head, 4)] == ["sfb", "sfb"]
+    text = cost.format_plan(costs, 4)
+    assert "rule choice" in text and "does not pay" in text
+
+
+def test_wfbp_auto_weighs_the_overlap_against_the_syncs_cpu():
+    """--wfbp auto: off with no core per compute thread; on where the hidden wire time is more
+    than what the syncs cost (LeNet's parameter server at 1 Gbit/s on 2 nodes, each with a
+    core); off where the syncs are CPU-bound (10 Gbit/s); on with spare cores."""
+    net = lenet_net()
+    ps = cost.plan(net, 2, comm="ps", global_batch=True)
+    on, why = cost.wfbp_auto(ps, 2, busy=2, cores=2, link_rate=1e9 / 8)
+    assert on and "auto: on" in why and "1 Gbit/s" in why
+    on, why = cost.wfbp_auto(ps, 2, busy=2, cores=2, link_rate=10e9 / 8)
+    assert not on and "auto: off" in why
+    assert cost.wfbp_auto(ps, 2, busy=2, cores=16, link_rate=10e9 / 8)[0]  # a spare core per node
+    on, why = cost.wfbp_auto(ps, 4, busy=4, cores=2, link_rate=1e9 / 8)
+    assert not on and "nothing to overlap" in why
+    assert cost.wfbp_auto(ps, 1, busy=1, cores=2) == (False, "auto: one node")
 
 
 def test_bucket_flag_and_the_frame_bound():

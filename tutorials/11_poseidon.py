@@ -110,16 +110,24 @@ ax.legend(fontsize=7)
 show(fig, "11_cost_rule")
 
 # %% [markdown]
-# `cost.plan(net, P)` applies the rule to every layer: convolutions always use the server (their
-# gradient is not a sum of outer products of short vectors); each FC layer gets the cheaper method.
+# `cost.plan(net, P, host=None)` applies the rule to every layer: convolutions always use the
+# server (their gradient is not a sum of outer products of short vectors); each FC layer gets the
+# cheaper method. A run pays more than bytes, though: every SFB layer adds frames of its own (and
+# cuts the server's gradient bucket where it sits between two server layers), and every node
+# rebuilds its whole gradient with a GEMM over all nodes' factors. So the runtime's plan (the
+# default `host`, this machine's measured costs) keeps an SFB layer only where the whole plan's
+# estimated time per iteration says it pays, and prints why; `--comm sfb|ps` still force either.
 
 # %%
 for P in (2, 8, 16):
-    plan = cost.plan(net, P)
+    plan = cost.plan(net, P, host=None)
     print(
         f"P={P:2d}: " + ", ".join(f"{c.name} {c.choice.upper()}" for c in plan),
         f"| {sum(c.bytes for c in plan) / 2**20:.2f} MiB per node per iteration",
     )
+for rate in (1e9 / 8, 10e9 / 8):  # the runtime's plan on 4 nodes, on a 1 and a 10 Gbit/s link
+    ip1 = {c.name: c for c in cost.plan(net, 4, link_rate=rate)}["ip1"]
+    print(f"runtime plan, 4 nodes, {rate * 8 / 1e9:g} Gbit/s: ip1 {ip1.choice.upper()} ({ip1.why})")
 
 # %% [markdown]
 # ## Wait-free backprop, in the event model

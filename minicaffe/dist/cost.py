@@ -22,17 +22,57 @@ The rule is stated for the weight. A bias rides along for free with SFB (its gra
 column sum of u, which every peer already has) and costs 2 M (P1 + P2 - 2) / P2 floats with PS;
 the predicted bytes printed below include it.
 
+The rule counts bytes only. A run pays more per sync unit than its bytes' time on the wire: the
+CPU of moving them (per byte and per frame, both ends), the frames of every unit (an SFB layer
+between two parameter-server layers cuts their gradient bucket in two, adding 4 (P - 1) frames),
+and SFB's replicated work (every node rebuilds the whole gradient with one GEMM over every
+node's factors and applies the whole update, where a PS shard updates 1/P of it). ``choose``
+keeps the rule as its core, the layers it sends by SFB are the only candidates, and keeps SFB
+for those of them where the whole plan's estimated seconds per iteration (``unit_times``, with
+``HostCosts``) say it pays; ``wfbp_auto`` decides ``--wfbp auto`` from the same estimate. The
+runtime and the simulator both call them.
+
     python -m minicaffe.dist.cost lenet --nodes 4          # the per-layer choice and bytes
     python -m minicaffe.dist.cost lenet --nodes 2 4 8 16   # how the choice moves with P
 """
 
 import argparse
+import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import MinicaffeError
 
 COMM_MODES = ("ps", "sfb", "hybrid")
+# PyTorch DDP's ``bucket_cap_mb`` is 25 MB (1 MB for its first bucket); Caffe-sized nets want
+# the overlap of several buckets more than DDP's large ones: 1 MiB makes LeNet's 8 blobs 2
+# buckets (ip2 + ip1, conv2 + conv1) and CIFAR-10 quick's 10 blobs one, while every layer of
+# AlexNet's classifier (16-151 MB) stays a bucket of its own
+DEFAULT_BUCKET_BYTES = 1 << 20
+DEFAULT_LINK_RATE = 10e9 / 8  # bytes/s each way the plan assumes where the link is not known: 10 Gbit/s
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """What a node pays per sync unit beyond its bytes' time on the wire (``unit_times``).
+
+    The defaults are this project's measurements on a 2-core x86 machine (docs/POSEIDON.md,
+    ``python benchmarks/poseidon.py --calibrate`` and ``--calibrate-runs``), rounded: a byte
+    moved through veth + bridge + tc costs 0.7-1.2 ns of CPU both ends together (linkcheck), a
+    frame 154 us both ends in a LeNet training run (the sender's and receiver's thread wake-ups
+    on busy cores), the rebuild of LeNet's ip1 on 4 nodes (51 MFLOP) plus its update 0.59 ms
+    (about 100 GFLOP/s and 50 GB/s of update traffic, 20 bytes per parameter), and a sync
+    started inside the backward (WFBP) 346 us of thread switches. Every node uses the same
+    constants, so every node makes the same plan (the runs require it)."""
+
+    cpu_per_byte: float = 1.0e-9
+    cpu_per_frame: float = 154e-6
+    gemm_flops: float = 100e9
+    update_bytes_per_s: float = 50e9
+    wfbp_sync_cpu: float = 346e-6
+
+
+DEFAULT_HOST = HostCosts()
 
 
 def ps_floats(m, n, p1, p2):
@@ -43,6 +83,30 @@ def ps_floats(m, n, p1, p2):
 def sfb_floats(k, m, n, p1):
     """Poseidon's SFB cost of an m x n FC layer with k rows per node (sent + received)."""
     return 2.0 * k * (p1 - 1) * (m + n)
+
+
+def plan_buckets(counts, ps_blobs, layer_of, itemsize, cap_bytes):
+    """Gradient buckets: lists of consecutive blob indices, in layout order.
+
+    Walks the parameter-server blobs from the last one back (the order the backward produces
+    them, as PyTorch DDP's buckets); a bucket holds whole layers and closes at the first layer
+    boundary where it has ``cap_bytes`` or more, or where the next blob is not a PS blob (a
+    bucket is one contiguous range of the flat vectors: its frames need no copies).
+    ``cap_bytes`` 0: one bucket per blob (no coalescing)."""
+    ps = set(ps_blobs)
+    buckets, cur, size = [], [], 0
+    for i in sorted(ps, reverse=True):
+        if cur:
+            gap = i != cur[0] - 1
+            full = cap_bytes == 0 or (size >= cap_bytes and layer_of[i] != layer_of[cur[0]])
+            if gap or full:
+                buckets.append(cur)
+                cur, size = [], 0
+        cur.insert(0, i)
+        size += counts[i] * itemsize
+    if cur:
+        buckets.append(cur)
+    return sorted(buckets)
 
 
 @dataclass
@@ -70,6 +134,9 @@ class LayerCost:
     choice: str = "ps"
     floats: float = 0.0
     itemsize: int = 4
+    rule_choice: str = "ps"  # what Poseidon's byte rule alone picks
+    why: str = ""  # why the final choice (``choose``)
+    blob_counts: list = field(default_factory=list)  # the sizes of the blobs in ``params``
 
     @property
     def bytes(self):
@@ -110,12 +177,25 @@ def sfb_eligibility(net, i, entries=None):
     return True, ""
 
 
-def plan(net, nodes, servers=None, comm="hybrid", workers=1, iter_size=1, global_batch=False):
+def plan(
+    net,
+    nodes,
+    servers=None,
+    comm="hybrid",
+    workers=1,
+    iter_size=1,
+    global_batch=False,
+    bucket_bytes=DEFAULT_BUCKET_BYTES,
+    link_rate=None,
+    host=DEFAULT_HOST,
+):
     """The per-layer synchronization plan of ``net`` on ``nodes`` nodes: a list of LayerCost.
 
     ``workers`` threads per node and ``iter_size`` accumulate their rows into one node's batch,
     so K = rows per forward x workers x iter_size. ``global_batch``: the net's batch is the
     whole run's (as ``python -m minicaffe.train --nodes`` reads it), so a node has 1/P of it.
+    ``bucket_bytes``, ``link_rate`` (bytes/s each way; None: DEFAULT_LINK_RATE) and ``host``
+    go to ``choose``; ``host=None`` applies Poseidon's byte rule alone.
     """
     if comm not in COMM_MODES:
         raise MinicaffeError(f"--comm must be one of {', '.join(COMM_MODES)}, got '{comm}'")
@@ -131,6 +211,7 @@ def plan(net, nodes, servers=None, comm="hybrid", workers=1, iter_size=1, global
             continue  # nothing to synchronize here (shared from elsewhere, or frozen)
         count = sum(net.learnable_params[k].count for k in own)
         lc = LayerCost(i, layer.name, layer.type, own, count)
+        lc.blob_counts = [net.learnable_params[k].count for k in own]
         lc.itemsize = itemsize
         lc.sfb_ok, lc.reason = sfb_eligibility(net, i, entries)
         if layer.type == "InnerProduct":
@@ -145,15 +226,193 @@ def plan(net, nodes, servers=None, comm="hybrid", workers=1, iter_size=1, global
             lc.sfb_rule = sfb_floats(lc.k, lc.m, lc.n, p1)
         else:
             lc.ps_rule = ps_floats(count, 1, p1, p2)
-        if comm == "ps" or not lc.sfb_ok:
-            lc.choice = "ps"
-        elif comm == "sfb":
-            lc.choice = "sfb"
-        else:
-            lc.choice = "sfb" if lc.sfb_rule <= lc.ps_rule else "ps"
-        lc.floats = lc.sfb_rule if lc.choice == "sfb" else ps_floats(count, 1, p1, p2)
         out.append(lc)
+    return choose(out, p1, p2, comm, bucket_bytes, link_rate, host)
+
+
+def layer_cost(index, name, count, m=None, n=None, k=None, blobs=2, itemsize=4):
+    """A LayerCost from shapes alone (the simulator's layers): an InnerProduct when ``m`` is
+    given (a weight of m x n and, with ``blobs`` 2, a bias of count - m n), else a layer that
+    syncs through the parameter server (``blobs`` blobs of ``count`` parameters together)."""
+    fc = m is not None
+    if fc:
+        counts = [m * n] + ([count - m * n] if blobs > 1 else [])
+    else:
+        counts = [count // max(blobs, 1)] * max(blobs, 1)
+        counts[-1] += count - sum(counts)
+    lc = LayerCost(index, name, "InnerProduct" if fc else "Convolution", list(range(len(counts))), count)
+    lc.m, lc.n, lc.k, lc.itemsize, lc.blob_counts = m, n, k, itemsize, counts
+    lc.sfb_ok, lc.reason = (True, "") if fc else (False, "not an InnerProduct layer")
+    return lc
+
+
+def _rule(c, p1, p2):
+    """(PS floats, SFB floats or None) of layer c by Poseidon's rule, for the weight."""
+    if c.m is None:
+        return ps_floats(c.count, 1, p1, p2), None
+    return ps_floats(c.m, c.n, p1, p2), sfb_floats(c.k, c.m, c.n, p1)
+
+
+def unit_times(costs, sfb, nodes, servers=None, bucket_bytes=DEFAULT_BUCKET_BYTES, link_rate=None, host=DEFAULT_HOST):
+    """The sync units of a plan and what each costs one node per iteration, in the order the
+    backward makes them ready (last layer first): a list of dicts with ``layers`` (their names),
+    ``method``, ``bytes`` (sent + received), ``frames`` (sent + received), ``wire_s`` (the bytes
+    each way over ``link_rate``), ``cpu_s`` (moving them: per byte and per frame, this node's
+    half of both ends), ``work_s`` (the update's, and SFB's rebuild minus the node's own dW
+    GEMM that it skips) and ``seconds`` = max(wire, cpu) + work (moving bytes takes at least
+    its CPU). ``sfb``: the names of the layers synchronized by SFB; every other one goes to the
+    parameter server in gradient buckets (the runtime's ``plan_buckets``)."""
+    p1, p2 = int(nodes), int(servers or nodes)
+    rate = link_rate or DEFAULT_LINK_RATE
+    frames = 4 * (p1 - 1)
+    counts, layer_of, ps_blobs, first = [], [], [], {}
+    for c in costs:
+        first[c.index] = len(counts)
+        for n in c.blob_counts or [c.count]:
+            if c.name not in sfb:
+                ps_blobs.append(len(counts))
+            counts.append(n)
+            layer_of.append(c.index)
+    by_index = {c.index: c for c in costs}
+    units = []
+    for c in costs:
+        if c.name in sfb:
+            floats = sfb_floats(c.k, c.m, c.n, p1)
+            ktot = c.k * p1
+            work = (2.0 * ktot * c.m * c.n - 2.0 * c.k * c.m * c.n) / host.gemm_flops
+            work += 20.0 * c.count / host.update_bytes_per_s
+            units.append(([c], "sfb", floats * c.itemsize, work))
+    for bucket in plan_buckets(counts, ps_blobs, layer_of, costs[0].itemsize if costs else 4, bucket_bytes):
+        layers = [by_index[i] for i in sorted({layer_of[b] for b in bucket})]
+        n = sum(counts[b] for b in bucket)
+        units.append(
+            (layers, "ps", ps_floats(n, 1, p1, p2) * layers[0].itemsize, 20.0 * n / p2 / host.update_bytes_per_s)
+        )
+    out = []
+    for layers, method, nbytes, work in sorted(units, key=lambda u: -max(c.index for c in u[0])):
+        f = frames if p1 > 1 else 0
+        wire = nbytes / 2 / rate if p1 > 1 else 0.0
+        cpu = nbytes / 2 * host.cpu_per_byte + f / 2 * host.cpu_per_frame if p1 > 1 else 0.0
+        work = work if p1 > 1 or method == "ps" else 0.0
+        out.append(
+            {
+                "layers": [c.name for c in layers],
+                "method": method,
+                "bytes": nbytes,
+                "frames": f,
+                "wire_s": wire,
+                "cpu_s": cpu,
+                "work_s": work,
+                "seconds": max(wire, cpu) + work,
+            }
+        )
     return out
+
+
+def _total(units):
+    return sum(u["seconds"] for u in units)
+
+
+def choose(
+    costs, nodes, servers=None, comm="hybrid", bucket_bytes=DEFAULT_BUCKET_BYTES, link_rate=None, host=DEFAULT_HOST
+):
+    """Set each LayerCost's ``rule_choice`` (Poseidon's byte rule), ``choice``, ``why`` and
+    ``floats``; -> ``costs``.
+
+    ``comm`` 'ps' or 'sfb' force the method (SFB where the layer allows it). 'hybrid': the
+    rule's SFB layers are the candidates; of every subset of them (greedy flips past 12) the
+    plan with the fewest estimated seconds per iteration (``unit_times``: wire, the CPU of
+    bytes and frames, buckets, the rebuild) wins, the rule's own pick on a tie. ``host=None``:
+    the byte rule alone."""
+    if comm not in COMM_MODES:
+        raise MinicaffeError(f"--comm must be one of {', '.join(COMM_MODES)}, got '{comm}'")
+    p1, p2 = int(nodes), int(servers or nodes)
+    for c in costs:
+        c.ps_rule, c.sfb_rule = _rule(c, p1, p2)
+        c.rule_choice = "sfb" if c.sfb_ok and c.sfb_rule <= c.ps_rule else "ps"
+    if comm != "hybrid":
+        for c in costs:
+            c.choice = "sfb" if comm == "sfb" and c.sfb_ok else "ps"
+            c.why = f"--comm {comm}" if c.sfb_ok else c.reason
+    else:
+        cands = [c.name for c in costs if c.rule_choice == "sfb"]
+        for c in costs:
+            c.choice = c.rule_choice
+            c.why = "byte rule: SFB <= PS" if c.rule_choice == "sfb" else (c.reason or "byte rule: PS < SFB")
+        if host is not None and cands and p1 > 1:
+
+            def t(chosen):
+                return _total(unit_times(costs, set(chosen), p1, p2, bucket_bytes, link_rate, host))
+
+            if len(cands) <= 12:
+                subsets = (s for r in range(len(cands), -1, -1) for s in itertools.combinations(cands, r))
+                best = min(subsets, key=t)  # (min keeps the first of equals: the larger subset)
+            else:
+                best, better = list(cands), True
+                while better:
+                    better = False
+                    for name in list(best):
+                        trial = [x for x in best if x != name]
+                        if t(trial) < t(best):
+                            best, better = trial, True
+            best_t = t(best)
+            for c in costs:
+                if c.name not in cands:
+                    continue
+                flipped = [x for x in best if x != c.name] if c.name in best else list(best) + [c.name]
+                other_t = t(flipped)
+                if c.name in best:
+                    c.choice = "sfb"
+                    c.why = f"byte rule SFB; plan with SFB {1e3 * best_t:.2f} ms <= PS {1e3 * other_t:.2f} ms/iteration"
+                else:
+                    c.choice = "ps"
+                    c.why = (
+                        f"byte rule SFB, but SFB does not pay here: plan with PS {1e3 * best_t:.2f} ms < "
+                        f"SFB {1e3 * other_t:.2f} ms/iteration (frames, rebuild)"
+                    )
+    for c in costs:
+        c.floats = c.sfb_rule if c.choice == "sfb" else ps_floats(c.count, 1, p1, p2)
+    return costs
+
+
+def wfbp_auto(
+    costs, nodes, busy, cores, servers=None, bucket_bytes=DEFAULT_BUCKET_BYTES, link_rate=None, host=DEFAULT_HOST
+):
+    """``--wfbp auto``: -> (on?, why). ``busy``: the compute threads on this machine (node
+    processes x worker threads), ``cores`` its cores; ``costs``: the plan (``choose``).
+
+    WFBP starts each unit's sync inside the backward. What it can hide is the sync time that
+    would otherwise follow the backward: without WFBP the units pipeline among themselves after
+    it, max(all wire time, all CPU of the syncs); with it, where the node has no spare core
+    (its compute thread keeps one busy), the syncs' CPU still has to run on that core and only
+    wire time hides: max(all CPU, the last unit's wire time); with a spare core for every
+    compute thread, everything but the last unit hides. It costs ``host.wfbp_sync_cpu`` per
+    unit (thread switches). On where the gain is larger; off with no core per compute thread."""
+    if nodes < 2:
+        return False, "auto: one node"
+    if busy > cores:
+        return False, f"auto: {busy} busy threads on {cores} cores leave nothing to overlap"
+    units = unit_times(
+        costs, {c.name for c in costs if c.choice == "sfb"}, nodes, servers, bucket_bytes, link_rate, host
+    )
+    if not units:
+        return False, "auto: nothing to synchronize"
+    wire = sum(u["wire_s"] for u in units)
+    cpu = sum(u["cpu_s"] + u["work_s"] for u in units)
+    last = units[-1]
+    without = max(wire, cpu)
+    if cores >= 2 * busy:
+        with_ = last["seconds"]
+    else:
+        with_ = max(cpu, last["wire_s"])
+    gain, price = without - with_, len(units) * host.wfbp_sync_cpu
+    rate = (link_rate or DEFAULT_LINK_RATE) * 8 / 1e9
+    verdict = "on" if gain > price else "off"
+    return gain > price, (
+        f"auto: {verdict}: overlap hides up to {1e3 * gain:.2f} ms per iteration, its {len(units)} syncs cost "
+        f"{1e3 * price:.2f} ms of CPU (link {rate:g} Gbit/s{'' if link_rate else ' assumed'}, "
+        f"{busy} busy thread(s) on {cores} cores)"
+    )
 
 
 def _num(x):
@@ -161,23 +420,30 @@ def _num(x):
 
 
 def format_plan(costs, nodes, servers=None, comm="hybrid"):
-    """The start-up table: one line per layer with the rule's numbers and the choice."""
+    """The start-up table: one line per layer with the rule's numbers, the byte rule's pick, the
+    final choice, and why (where the two differ, or a layer cannot use SFB)."""
     p2 = servers or nodes
     lines = [
         f"HybComm plan ({comm}): P1 = {nodes} worker nodes, P2 = {p2} server shards; "
         "floats per iteration per node, sent + received",
         f"  {'layer':<10} {'type':<13} {'M':>6} {'N':>6} {'K':>5} {'PS (rule)':>13} {'SFB (rule)':>13}"
-        f"  {'choice':<6} {'predicted':>11}",
+        f"  {'rule':<4} {'choice':<6} {'predicted':>11}",
     ]
     total = 0.0
     for c in costs:
-        why = "" if c.sfb_ok or c.choice == "sfb" else f"  ({c.reason})"
+        if c.choice != c.rule_choice or not c.sfb_ok:
+            why = f"  ({c.why or c.reason})"
+        else:
+            why = ""
         lines.append(
             f"  {c.name:<10} {c.type:<13} {_num(c.m):>6} {_num(c.n):>6} {_num(c.k):>5} {_num(c.ps_rule):>13} "
-            f"{_num(c.sfb_rule):>13}  {c.choice.upper():<6} {c.bytes / 1e6:>8.3f} MB{why}"
+            f"{_num(c.sfb_rule):>13}  {c.rule_choice.upper():<4} {c.choice.upper():<6} {c.bytes / 1e6:>8.3f} MB{why}"
         )
         total += c.bytes
     lines.append(f"  total {total / 1e6:.3f} MB per iteration per node (weights and biases; headers not counted)")
+    for c in costs:
+        if c.choice == c.rule_choice == "sfb" and comm == "hybrid" and "plan" in c.why:
+            lines.append(f"  {c.name}: {c.why}")
     return "\n".join(lines)
 
 
@@ -193,6 +459,10 @@ def build_parser():
         help="the net's batch is each node's K (Poseidon's convention); by default it is the whole "
         "run's batch, split over the nodes as python -m minicaffe.train --nodes does",
     )
+    p.add_argument(
+        "--link", help="the link rate to plan with (e.g. 1gbit; default: 10gbit assumed, as a run without --link)"
+    )
+    p.add_argument("--bytes-only", action="store_true", help="Poseidon's byte rule alone (no per-unit costs)")
     p.add_argument("--synthetic", action="store_true", help="Data layers read synthetic images (no download)")
     return p
 
@@ -202,15 +472,25 @@ def main(argv=None):
     from ..net import Net
     from ..parallel import with_synthetic_data
     from ..tools.common import resolve_net
+    from .transport import parse_rate
 
     args = build_parser().parse_args(argv)
     try:
+        rate = parse_rate(args.link) if args.link else None
         param = proto.parse_file(resolve_net(args.model, "train_test"), "NetParameter")
         if args.synthetic:
             param = with_synthetic_data(param, count=256)
         net = Net(param, "TRAIN")
         for nodes in args.nodes:
-            costs = plan(net, nodes, comm=args.comm, workers=args.workers, global_batch=not args.batch_per_node)
+            costs = plan(
+                net,
+                nodes,
+                comm=args.comm,
+                workers=args.workers,
+                global_batch=not args.batch_per_node,
+                link_rate=rate,
+                host=None if args.bytes_only else DEFAULT_HOST,
+            )
             print(format_plan(costs, nodes, comm=args.comm))
             print()
         return 0

@@ -222,6 +222,7 @@ def main(argv=None):
                     env = dict(os.environ, MINICAFFE_DIST_SECRET=secret, MINICAFFE_RANK=str(r))
                     env.update(MINICAFFE_WORLD_SIZE=str(args.nodes), MINICAFFE_RENDEZVOUS=c.rendezvous)
                     env["MINICAFFE_LOCAL_NODES"] = str(args.nodes)  # they share this machine's cores
+                    env["MINICAFFE_LINK_RATE"] = args.bandwidth  # what the hybrid rule plans with
                     argv_r = [a.replace("{rank}", str(r)) for a in cmd]
                     if r == 0:
                         procs.append(c.popen(r, argv_r, env))

@@ -84,25 +84,37 @@ def bucket_bytes(args):
     return int(kb * 1024)
 
 
-def wfbp_setting(args, world=2):
-    """-> (on?, why): ``--wfbp on|off`` as given; ``auto`` (the default) is on across nodes,
-    except where the node processes on this machine (x their worker threads) outnumber its
-    cores. WFBP overlaps a layer's sync with the backward below it, which needs a core to
-    communicate on while the compute thread computes; with every core already computing there
-    is nothing to overlap, and the sends, receives and updates interleaved with the backward
-    only cost thread switches (measured with gradient buckets, 4 nodes on 2 cores: LeNet at
-    10 Gbit/s 13% slower with WFBP, CIFAR-10 quick even, the FC head 19% slower; docs/POSEIDON.md)."""
+def planning_link_rate(args):
+    """The link rate (bytes/s each way) the hybrid rule and ``--wfbp auto`` plan with: ``--link``
+    where the transport emulates one, else MINICAFFE_LINK_RATE (the emulated cluster sets it to
+    its tc rate; set it on a real cluster), else None (cost.DEFAULT_LINK_RATE, 10 Gbit/s, assumed)."""
+    text = getattr(args, "link", None) or os.environ.get("MINICAFFE_LINK_RATE")
+    return parse_rate(text) if text else None
+
+
+def wfbp_setting(args, world=2, costs=None, link_rate=None):
+    """-> (on?, why): ``--wfbp on|off`` as given; ``auto`` (the default) is ``cost.wfbp_auto``
+    on the run's plan ``costs``: off with one node, or where the node processes on this machine
+    (x their worker threads) outnumber its cores (nothing is left to overlap: measured with
+    gradient buckets, 4 nodes on 2 cores: LeNet at 10 Gbit/s 13% slower with WFBP, the FC head
+    19% slower; docs/POSEIDON.md), and else on where the sync time it can hide is more than the
+    CPU its syncs cost (off on fast links where the syncs are CPU-bound). Without ``costs``:
+    on wherever there is a core per compute thread."""
+    from . import cost
+
     value = getattr(args, "wfbp", None) or "auto"
     if value != "auto":
         return value == "on", f"--wfbp {value}"
-    if world < 2:
-        return False, "auto: one node"
     from ..parallel import blas
 
     busy, cores = local_nodes() * max(1, getattr(args, "workers", 1) or 1), blas.cores()
-    if busy > cores:
-        return False, f"auto: {busy} busy threads on {cores} cores leave nothing to overlap"
-    return True, "auto"
+    if costs is None:
+        if world < 2:
+            return False, "auto: one node"
+        if busy > cores:
+            return False, f"auto: {busy} busy threads on {cores} cores leave nothing to overlap"
+        return True, "auto"
+    return cost.wfbp_auto(costs, world, busy, cores, bucket_bytes=bucket_bytes(args), link_rate=link_rate)
 
 
 def _env_int(name):
@@ -256,7 +268,8 @@ def make_transport(args, solver, log):
     config = config_hashes(solver)
     # every node must agree (the buckets decide which frames travel)
     config["communication"] = (
-        f"--comm {args.comm}, --wfbp {args.wfbp or 'auto'}, --bucket-kb {bucket_bytes(args) / 1024:g}"
+        f"--comm {args.comm}, --wfbp {args.wfbp or 'auto'}, --bucket-kb {bucket_bytes(args) / 1024:g}, "
+        f"planned for a link of {planning_link_rate(args) or 'the assumed'} bytes/s"
     )
     link = None
     if args.link:
@@ -348,7 +361,19 @@ def train(solver, args, log, out_dir=None):
     resume = bool(getattr(args, "resume", None)) and rank == 0
     threads = blas_threads(args.workers)
     log(f"node {rank}: BLAS threads {threads} ({local_nodes()} node(s) on this machine, {args.workers} worker(s) each)")
-    wfbp, why = wfbp_setting(args, world)
+    from . import cost
+
+    link_rate = planning_link_rate(args)
+    costs = cost.plan(
+        solver.net,
+        world,
+        comm=args.comm,
+        iter_size=max(1, solver.param.iter_size),
+        global_batch=True,
+        bucket_bytes=bucket_bytes(args),
+        link_rate=link_rate,
+    )
+    wfbp, why = wfbp_setting(args, world, costs, link_rate)
     if rank == 0:
         log(f"WFBP {'on' if wfbp else 'off'} ({why})")
     slots = args.staleness + 2 if wfbp else None  # WFBP: the next clock's gradients go to another slot
@@ -364,7 +389,7 @@ def train(solver, args, log, out_dir=None):
     )
     from .poseidon import Poseidon
 
-    poseidon = Poseidon(node, comm=args.comm, wfbp=wfbp, log=log)
+    poseidon = Poseidon(node, comm=args.comm, wfbp=wfbp, log=log, costs=costs)
     previous = None
     if rank != 0 and os.environ.get(LAUNCHED_ENV):
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # node 0 decides when to stop

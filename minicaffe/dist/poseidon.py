@@ -83,7 +83,7 @@ class SFBLayer:
 class Poseidon:
     """WFBP and HybComm for one node; see the module docstring."""
 
-    def __init__(self, node, comm="hybrid", wfbp=True, log=None):
+    def __init__(self, node, comm="hybrid", wfbp=True, log=None, costs=None):
         if comm not in cost.COMM_MODES:
             raise MinicaffeError(f"--comm must be one of {', '.join(cost.COMM_MODES)}, got '{comm}'")
         self.node, self.comm, self.wfbp = node, comm, bool(wfbp)
@@ -93,7 +93,11 @@ class Poseidon:
         self.rank, self.world = node.rank, node.world
         self.replicas = [r for r, _ in node.replicas]
         rep = self.replicas[0]
-        self.costs = cost.plan(rep, self.world, comm=comm, workers=node.n_workers)
+        # the plan (cost.plan: Poseidon's byte rule, kept where SFB pays in the run's own costs);
+        # the launcher passes the one it decided --wfbp auto with
+        if costs is None:
+            costs = cost.plan(rep, self.world, comm=comm, workers=node.n_workers, bucket_bytes=node.bucket_bytes)
+        self.costs = costs
         self.blob_layer = {}  # learnable blob index -> layer index (the layer that owns it)
         for i, l in enumerate(rep.param_layer_indices):
             self.blob_layer[i] = l

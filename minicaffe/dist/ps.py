@@ -79,6 +79,7 @@ from ..memory.flat import ParamLayout
 from ..parallel.replica import build_replica, shard_bounds
 from ..solvers import solver_class
 from . import frames as F
+from .cost import DEFAULT_BUCKET_BYTES, plan_buckets  # noqa: F401  (planned with the cost rule)
 from .transport import DistError
 
 
@@ -125,37 +126,6 @@ def blob_layers(net):
                 out.append(l)
             k += 1
     return out
-
-
-# PyTorch DDP's ``bucket_cap_mb`` is 25 MB (1 MB for its first bucket); Caffe-sized nets want
-# the overlap of several buckets more than DDP's large ones: 1 MiB makes LeNet's 8 blobs 2
-# buckets (ip2 + ip1, conv2 + conv1) and CIFAR-10 quick's 10 blobs one, while every layer of
-# AlexNet's classifier (16-151 MB) stays a bucket of its own
-DEFAULT_BUCKET_BYTES = 1 << 20
-
-
-def plan_buckets(counts, ps_blobs, layer_of, itemsize, cap_bytes):
-    """Gradient buckets: lists of consecutive blob indices, in layout order.
-
-    Walks the parameter-server blobs from the last one back (the order the backward produces
-    them, as PyTorch DDP's buckets); a bucket holds whole layers and closes at the first layer
-    boundary where it has ``cap_bytes`` or more, or where the next blob is not a PS blob (a
-    bucket is one contiguous range of the flat vectors: its frames need no copies).
-    ``cap_bytes`` 0: one bucket per blob (no coalescing)."""
-    ps = set(ps_blobs)
-    buckets, cur, size = [], [], 0
-    for i in sorted(ps, reverse=True):
-        if cur:
-            gap = i != cur[0] - 1
-            full = cap_bytes == 0 or (size >= cap_bytes and layer_of[i] != layer_of[cur[0]])
-            if gap or full:
-                buckets.append(cur)
-                cur, size = [], 0
-        cur.insert(0, i)
-        size += counts[i] * itemsize
-    if cur:
-        buckets.append(cur)
-    return sorted(buckets)
 
 
 def frame_bound(net, bucket_bytes=None):
