@@ -61,8 +61,10 @@ def assert_params_close(a, b, rtol=1e-4, atol=1e-5):
         np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=f"parameter {i}")
 
 
-def no_worker_threads():
-    return not [t for t in threading.enumerate() if t.name.startswith("minicaffe-worker") and t.is_alive()]
+def no_worker_threads(trainer):
+    """None of ``trainer``'s worker threads is alive (checked on its own threads: other tests'
+    trainers may still have theirs parked until they are garbage collected)."""
+    return not trainer.worker_threads()
 
 
 def test_shards_cover_the_batch():
@@ -76,15 +78,16 @@ def test_bsp_equals_one_thread_on_the_whole_batch(tmp_path, n):
     serial = make_solver(tmp_path)
     serial.step(6)
     par = make_solver(tmp_path)
-    trainer = ParallelTrainer(par, n)
-    trainer.step(6)
+    with ParallelTrainer(par, n) as trainer:
+        trainer.step(6)
+        assert len(trainer.worker_threads()) == n  # parked until close
     assert par.iter == 6
     if n == 1:  # the same sums in the same order: bit-exact
         for x, y in zip(params_of(serial), params_of(par)):
             np.testing.assert_array_equal(x, y)
     assert_params_close(params_of(serial), params_of(par))
     assert abs(serial.smoothed_loss - par.smoothed_loss) < 1e-4
-    assert no_worker_threads()
+    assert no_worker_threads(trainer)
 
 
 def test_bsp_equivalence_lenet_with_momentum_and_decay(tmp_path):
@@ -233,7 +236,7 @@ def test_worker_error_stops_the_run_and_keeps_the_last_snapshot(tmp_path):
     assert err.worker == 1 and err.iteration == 3
     assert "worker 1" in str(err) and "disk on fire" in str(err)
     assert isinstance(err.__cause__, RuntimeError)
-    assert no_worker_threads()
+    assert no_worker_threads(trainer)  # an error ends the threads at once, not at close()
     assert sorted(os.listdir(tmp_path)) == ["snap_iter_2.caffemodel", "snap_iter_2.solverstate"]
     fresh = make_solver(tmp_path)
     fresh.restore(str(tmp_path / "snap_iter_2.solverstate"))
@@ -248,13 +251,13 @@ def test_ctrl_c_stops_all_threads_and_snapshots(tmp_path):
     # (a process started in the background inherits SIGINT ignored: set the handler a terminal has)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        train_with_workers(par, 2)
+        trainer = train_with_workers(par, 2)
         restored = signal.getsignal(signal.SIGINT)  # the runtime puts back the handler it found
     finally:
         signal.signal(signal.SIGINT, previous)
     assert par.requested_stop and 3 <= par.iter < 50
     assert (tmp_path / f"snap_iter_{par.iter}.solverstate").exists()
-    assert no_worker_threads()
+    assert no_worker_threads(trainer)
     assert restored is signal.default_int_handler
 
 

@@ -87,9 +87,9 @@ def test_a_sharded_run_trains_as_the_servers_update(tmp_path, n):
     runs = {}
     for shard in (True, False):
         par = make_solver(tmp_path)
-        trainer = ParallelTrainer(par, n, shard_update=shard)
-        trainer.step(3)
-        trainer.step(3)  # a second run of the same trainer
+        with ParallelTrainer(par, n, shard_update=shard) as trainer:
+            trainer.step(3)
+            trainer.step(3)  # a second run of the same trainer, on the same (parked) threads
         assert trainer.sharded is shard and par.iter == 6
         runs[shard] = (params_of(par), [p.diff.copy() for p in par.net.learnable_params], trainer.stats())
     assert_params_close(params_of(serial), runs[True][0])
@@ -98,7 +98,7 @@ def test_a_sharded_run_trains_as_the_servers_update(tmp_path, n):
     assert_params_close(runs[False][1], runs[True][1], rtol=1e-5, atol=1e-6)
     s = runs[True][2]
     assert all(u > 0 for u in s["worker_update"]) and s["server_reduce"] >= 0
-    assert no_worker_threads()
+    assert no_worker_threads(trainer)
 
 
 def test_where_the_sharded_update_does_not_apply_the_server_updates(tmp_path):

@@ -37,6 +37,16 @@ global batch, in clock order, from all N gradients (so the step size is the one 
 A worker that reads W while the server writes it may see a mix of two versions (as in Hogwild and
 SingleCaffe's asynchronous mode); BSP never does.
 
+Thread lifetime: the N worker threads are started by the trainer's first ``step``/``solve`` and
+live until ``close()`` (or the end of a ``with ParallelTrainer(...)`` block, or the trainer's
+garbage collection, or the interpreter's exit).  Between runs they are *parked* on the workers'
+condition, holding only a weak reference to the trainer, so ``step(1)`` in a loop starts and
+joins no thread (as Caffe's P2PSync threads live for the whole solve).  A run that ends where it
+was meant to leaves them idle (nothing is fetched ahead, every update applied): it wakes them to
+park and does not wait.  A run that ends any other way (an error, Ctrl-C, a stop request with
+batches fetched ahead, an abandoned iteration) stops and joins them before step() returns or
+raises, and the next run starts new ones: no worker thread runs on after an error.
+
 Faults: an exception in a worker stops the run: the server raises WorkerError (a SolverError that
 names the worker and the iteration, chained to the original) and no snapshot is written after it,
 so the last periodic snapshot is the one kept.  A worker that has not delivered an iteration
@@ -49,14 +59,16 @@ A non-finite loss names the worker whose shard produced it and where (minicaffe.
 Ctrl-C (or SIGTERM, in the train tool): the first sets ``solver.requested_stop``, which the
 server also sees while it waits for the workers: a finished iteration ends the run normally; an
 iteration stuck in a worker is abandoned, the last consistent parameters are snapshotted, and the
-hung worker is named.  A second Ctrl-C aborts.  A worker thread still busy when the run ends is
-left behind (a daemon thread, reported); that trainer then refuses to run again.
+hung worker is named.  A second Ctrl-C aborts.  A worker thread still busy 5 s after the run
+ended badly is left behind (a daemon thread, reported); that trainer then refuses to run again.
 """
 
 import math
+import os
 import signal
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -143,7 +155,10 @@ class ParallelTrainer:
         self.worker_timeout = worker_timeout
         self.shard_update = bool(shard_update)
         self.pin = pin
-        self._generation, self._left_behind = 0, []
+        self._generation, self._left_behind = 0, []  # the run under way (or the last one)
+        self._pool, self._closed = None, False  # the parked worker threads (started by the first run)
+        self._shard_plans = {}  # ShardPlan per (lr_mults, decays): built once, reused by every run
+        self._announced = None  # the configuration the last 'Training with ...' line described
         if n_workers < 1:
             raise SolverError(f"--workers must be at least 1, got {n_workers}")
         if staleness < 0:
@@ -198,8 +213,11 @@ class ParallelTrainer:
         self._cv = threading.Condition(self._lock)
         self._cv_server = threading.Condition(self._lock)
         self.sharded = False  # the last run's reduce + update ran on the workers (shard.py)
-        self._threads = []
-        self._installed = False
+        self._slots = [0] * self.n  # the gradient slot each worker's replica diffs are attached to
+        self._affinity = set(blas.allowed_cores())  # where an unpinned worker may run
+        self._inputs = [
+            {layer.name: [r.blobs[t] for t in layer.param.top] for _, layer in self.data_layers} for r in self.replicas
+        ]
         self.timing = {}
 
     # -- memory ------------------------------------------------------------------------------
@@ -311,57 +329,119 @@ class ParallelTrainer:
             def __enter__(self):
                 trainer._install(iters, handle_sigint)
 
-            def __exit__(self, *exc):
-                trainer._uninstall()
+            def __exit__(self, exc_type, exc, tb):
+                trainer._uninstall(failed=exc_type is not None)
                 return False
 
         return _Ctx()
 
+    # -- the worker threads' lifetime ------------------------------------------------------------
+    def close(self):
+        """End the worker threads.  They are started by the first ``step``/``solve`` and parked
+        between runs (so that ``step(1)`` in a loop starts and joins no thread); ``close`` wakes
+        them, they end, and it joins them (a thread still busy in a computation after 5 s is
+        left behind, as after a missed deadline, and named in the log).  Idempotent; ``stats()``
+        and ``memory_summary()`` still work afterwards, another run does not.  A trainer is also
+        a context manager (``with ParallelTrainer(solver, 2) as t: t.step(100)``), and its
+        threads end by themselves when it is garbage collected or the interpreter exits."""
+        self._closed = True
+        self._discard_pool()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def worker_threads(self):
+        """The worker threads alive now (parked between runs, or working)."""
+        threads = self._pool.threads if self._pool is not None else []
+        return [t for t in threads + self._left_behind if t.is_alive()]
+
+    def _start_pool(self):
+        """Start the N worker threads; each waits (parked) for the run it is to join."""
+        pool = self._pool = _Pool(self._cv)
+        ref = weakref.ref(self)  # parked threads must not keep their trainer alive
+        pool.threads = [
+            threading.Thread(target=_worker_thread, args=(pool, ref, k), name=f"minicaffe-worker-{k}", daemon=True)
+            for k in range(self.n)
+        ]
+        # garbage collection of the trainer, or the interpreter's exit, ends parked threads
+        pool.finalizer = weakref.finalize(self, pool.close)
+        for t in pool.threads:
+            t.start()
+
+    def _discard_pool(self):
+        """Stop the workers wherever they are and join them; those still busy after 5 s are
+        left behind (daemon threads that end when their computation returns)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        with self._cv:
+            self._stop = True
+            pool.closed = True
+            self._cv.notify_all()
+            self._cv_server.notify_all()
+        pool.finalizer.detach()
+        deadline = time.perf_counter() + 5.0  # a worker not hung ends within an iteration or so
+        for t in pool.threads:
+            if t is not threading.current_thread():
+                t.join(timeout=max(0.0, deadline - time.perf_counter()))
+        busy = [t for t in pool.threads if t.is_alive()]
+        for t in busy:
+            self.log(f"{t.name} is still busy: it is left behind and ends when its computation returns")
+        self._left_behind += busy
+
     def _install(self, iters, handle_sigint):
         solver = self.solver
+        if self._closed:
+            raise SolverError("this ParallelTrainer was closed (its worker threads have ended); build a new one")
         busy = [t.name for t in self._left_behind if t.is_alive()]
         if busy:
             raise SolverError(
                 f"{', '.join(busy)} of an earlier run of this trainer is still busy; build a new ParallelTrainer"
             )
-        self._generation += 1
-        self._delivered = [-1] * self.n  # the last clock each worker delivered
-        self._limit = max(0, iters) * self.iter_size
-        self._iter0 = solver.iter
-        self._clock = 0  # the next clock the server reduces
-        self._fetched = 0  # batches fetched so far
-        self._applied = 0  # clocks whose gradients are in W
-        self._batches, self._done, self._losses, self._outputs = {}, {}, {}, {}
-        self._positions = {}
-        self._error, self._stop = None, False
-        self.timing = {
-            "server_wait": 0.0,
-            "server_reduce": 0.0,
-            "server_update": 0.0,
-            "server_fetch": 0.0,
-            "worker_compute": [0.0] * self.n,
-            "worker_wait": [0.0] * self.n,
-            "worker_copy": [0.0] * self.n,
-            "worker_sync": [0.0] * self.n,
-            "worker_update": [0.0] * self.n,
-            "clocks": 0,
-            "wall": 0.0,
-            "staleness": {},  # c - (updates applied when a worker started clock c) -> how often
-        }
+        with self._cv:  # workers still inside the last run see it is over before anything is reset
+            self._generation += 1
+            self._delivered = [-1] * self.n  # the last clock each worker delivered
+            self._limit = max(0, iters) * self.iter_size
+            self._iter0 = solver.iter
+            self._clock = 0  # the next clock the server reduces
+            self._fetched = 0  # batches fetched so far
+            self._applied = 0  # clocks whose gradients are in W
+            self._batches, self._done, self._losses, self._outputs = {}, {}, {}, {}
+            self._positions = {}
+            self._error, self._stop = None, False
+            self.timing = {
+                "server_wait": 0.0,
+                "server_reduce": 0.0,
+                "server_update": 0.0,
+                "server_fetch": 0.0,
+                "worker_compute": [0.0] * self.n,
+                "worker_wait": [0.0] * self.n,
+                "worker_copy": [0.0] * self.n,
+                "worker_sync": [0.0] * self.n,
+                "worker_update": [0.0] * self.n,
+                "clocks": 0,
+                "wall": 0.0,
+                "staleness": {},  # c - (updates applied when a worker started clock c) -> how often
+            }
+            self._complete = 0  # clocks whose N gradients are all in
+            self._updates, self._rates = {}, {}
         self._t_return = None
-        self._complete = 0  # clocks whose N gradients are all in
-        self._updates, self._rates = {}, {}
         reading = [type(cb).__name__ for cb in solver.callbacks if callable(getattr(cb, "on_gradients_ready", None))]
         self.why_not_sharded = why_not(solver, self.staleness, reading) if self.shard_update else ["shard_update=False"]
         self.sharded = not self.why_not_sharded
         if self.sharded:
-            self._shards = ShardPlan(
-                self.layout.offsets,
-                self.layout.counts,
-                solver.net.params_lr,
-                [solver.param.weight_decay * d for d in solver.net.params_weight_decay],
-                self.n,
-            )
+            lrs = tuple(solver.net.params_lr)
+            decays = tuple(solver.param.weight_decay * d for d in solver.net.params_weight_decay)
+            plan = self._shard_plans.get((lrs, decays))
+            if plan is None:
+                plan = self._shard_plans[lrs, decays] = ShardPlan(
+                    self.layout.offsets, self.layout.counts, lrs, decays, self.n
+                )
+            self._shards, self._momentum = plan, solver.param.momentum
             solver.set_updater(self._sharded_update)
         self._pinned = self._cores_to_pin()
         self._saved_blas = blas.get_threads()
@@ -384,26 +464,28 @@ class ParallelTrainer:
                 self.log("Interrupted: stopping after this iteration and writing a snapshot (Ctrl-C again to abort)")
 
             self._previous_sigint = signal.signal(signal.SIGINT, on_sigint)
-        self._threads = [
-            threading.Thread(target=self._worker, args=(k, self._generation), name=f"minicaffe-worker-{k}", daemon=True)
-            for k in range(self.n)
-        ]
         self._t0 = time.perf_counter()
         self._fetch_until(self._lookahead(0))  # first, so that the workers find their batch waiting
-        for t in self._threads:
-            t.start()
+        if self._pool is None:
+            self._start_pool()
+        with self._cv:  # wake the parked workers: this run is theirs
+            self._pool.generation = self._generation
+            self._cv.notify_all()
         mode = "BSP" if not self.staleness else f"SSP, staleness {self.staleness}"
         update = (
             "reduce + update sharded over the workers"
             if self.sharded
             else f"reduce + update on the server ({'; '.join(self.why_not_sharded)})"
         )
-        self.log(
-            f"Training with {self.n} worker thread(s) ({mode}), "
-            f"shards {[hi - lo for lo, hi in self.bounds[self.data_layers[0][1].name]]} of the batch of "
-            f"{self.batch}, BLAS threads {self.blas_threads}, {update}"
-            + (f", worker k on core {self._pinned}[k]" if self._pinned else "")
-        )
+        said = (mode, update, self.blas_threads, self._pinned and tuple(self._pinned))
+        if said != self._announced:  # once, and again when it changes (step(1) in a loop says it once)
+            self._announced = said
+            self.log(
+                f"Training with {self.n} worker thread(s) ({mode}), "
+                f"shards {[hi - lo for lo, hi in self.bounds[self.data_layers[0][1].name]]} of the batch of "
+                f"{self.batch}, BLAS threads {self.blas_threads}, {update}"
+                + (f", worker k on core {self._pinned}[k]" if self._pinned else "")
+            )
 
     def _cores_to_pin(self):
         """The core of each worker, or None: do not pin."""
@@ -424,21 +506,29 @@ class ParallelTrainer:
         batch either way: _data_state)."""
         return clock + self.staleness * self.iter_size + 1
 
-    def _uninstall(self):
+    def _uninstall(self, failed=False):
+        """End the run.  When it ended where it was meant to (every fetched batch reduced, every
+        update applied, no error) the workers only need to leave it: they are idle, waiting for a
+        batch that does not come, and they park without being waited for.  Otherwise (an error,
+        a stop request with batches fetched ahead, an abandoned iteration, Ctrl-C) a worker may
+        still be computing: the threads are stopped and joined, and the next run starts new ones."""
         solver = self.solver
         self.timing["wall"] = time.perf_counter() - self._t0
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
-        deadline = time.perf_counter() + 5.0  # a worker not hung ends within an iteration or so
-        for t in self._threads:
-            t.join(timeout=max(0.0, deadline - time.perf_counter()))
-        self._left_behind = [t for t in self._threads if t.is_alive()]
+        clean = (
+            not failed
+            and self._error is None
+            and not self._stop
+            and self._fetched == self._clock
+            and (not self.sharded or self._applied == self._clock)
+        )
+        if clean:
+            with self._cv:
+                self._stop = True  # the run is over: the workers park (and drop their trainer)
+                self._cv.notify_all()
+        else:
+            self._discard_pool()
         if self.sharded:
             solver.set_updater(None)
-        for t in self._left_behind:
-            self.log(f"{t.name} is still busy: it is left behind and ends when its computation returns")
-        self._threads = []
         solver.set_gradient_source(None)
         solver.remove_callback(self)
         for _, layer in self.data_layers:
@@ -597,42 +687,58 @@ class ParallelTrainer:
         need = (c // self.iter_size - self.staleness) * self.iter_size
         return c in self._batches and self._applied >= need
 
-    def _worker(self, k, generation):
-        if self._pinned:
-            blas.pin_thread(self._pinned[k])
-        net, lay = self.replicas[k], self.rep_layouts[k]
-        inputs = {layer.name: [net.blobs[t] for t in layer.param.top] for _, layer in self.data_layers}
+    def _run_worker(self, k, generation, core):
+        """Worker ``k``'s part of run ``generation``: its clocks 0, 1, ... until the run is over.
+        ``core``: where the thread is bound now (None: not bound).  Returns (True, core) when the
+        run is over (the thread parks), (False, core) after an error (handed to the server; the
+        thread ends)."""
+        want = self._pinned[k] if self._pinned else None
+        if want != core:
+            if want is not None:
+                blas.pin_thread(want)
+            elif self._affinity:
+                os.sched_setaffinity(0, self._affinity)  # a later run without pinning
+            core = want
+        net, lay, inputs = self.replicas[k], self.rep_layouts[k], self._inputs[k]
+        bounds = {name: self.bounds[name][k] for name in inputs}
         out_names = list(net.outputs)
-        tm = self.timing
-        c, slot = 0, 0
+        cv, grads = self._cv, self.grads[k]
+        with cv:
+            if generation != self._generation:
+                return True, core
+            tm, sharded = self.timing, self.sharded
+        lag = tm["staleness"]
+        slot = self._slots[k]
+        c = 0
         try:
             while True:
                 t0 = time.perf_counter()
-                with self._cv:
-                    while not (self._stop or self._error is not None or self._ready(c)):
-                        self._cv.wait(0.5)
+                with cv:
+                    while not (
+                        self._stop or self._error is not None or generation != self._generation or self._ready(c)
+                    ):
+                        cv.wait(0.5)
                     if self._stop or self._error is not None or generation != self._generation:
-                        return
+                        return True, core
                     batch = self._batches[c]
-                    lag = tm["staleness"]
                     lag[c - self._applied] = lag.get(c - self._applied, 0) + 1
                 t1 = time.perf_counter()
                 if self.n_slots > 1 and c % self.n_slots != slot:
-                    slot = c % self.n_slots
-                    lay.attach_diff(self.grads[k, slot])
+                    slot = self._slots[k] = c % self.n_slots
+                    lay.attach_diff(grads[slot])  # (zeroed)
                 else:
-                    self.grads[k, slot][...] = 0
+                    grads[slot][...] = 0
                 for name, blobs in inputs.items():
-                    lo, hi = self.bounds[name][k]
+                    lo, hi = bounds[name]
                     for blob, arr in zip(blobs, batch[name]):
                         blob.data[...] = arr[lo:hi].reshape(blob.shape)
                 t2 = time.perf_counter()
                 loss = net.forward_backward()
                 outs = {name: np.array(net.blobs[name].data) for name in out_names}
                 t3 = time.perf_counter()
-                with self._cv:
+                with cv:
                     if generation != self._generation or c not in self._done:
-                        return  # a thread left behind by an abandoned run: deliver nothing
+                        return True, core  # a thread left behind by an abandoned run: deliver nothing
                     self._losses[c][k] = loss
                     self._outputs[c][k] = outs
                     self._done[c] += 1
@@ -646,31 +752,36 @@ class ParallelTrainer:
                         if all(math.isfinite(x) for x in self._losses[c]):
                             self._complete = c + 1
                         self._cv_server.notify_all()
-                        if self.sharded:
-                            self._cv.notify_all()
-                if self.sharded and not self._update_shard(k, c, generation):
-                    return
+                        if sharded:
+                            cv.notify_all()
+                if sharded and not self._update_shard(k, c, generation, tm):
+                    return True, core
                 c += 1
         except BaseException as exc:  # noqa: BLE001  (handed to the server)
-            with self._cv:
-                if self._error is None:
+            with cv:
+                if self._error is None and generation == self._generation:
                     self._error = (k, c, exc)
-                self._cv.notify_all()
+                cv.notify_all()
                 self._cv_server.notify_all()
+            return False, core
 
-    def _update_shard(self, k, c, generation):
+    def _update_shard(self, k, c, generation, tm):
         """Worker ``k``'s part of clock ``c``'s update (shard.py), once all N gradients and
         the iteration's rate are in; the last worker to finish publishes W.  False: stop."""
-        tm = self.timing
         t0 = time.perf_counter()
         with self._cv:
-            while not (self._stop or self._error is not None or (self._complete > c and c in self._rates)):
+            while not (
+                self._stop
+                or self._error is not None
+                or generation != self._generation
+                or (self._complete > c and c in self._rates)
+            ):
                 self._cv.wait(0.5)
             if self._stop or self._error is not None or generation != self._generation:
                 return False
             rate = self._rates[c]
         t1 = time.perf_counter()
-        self._shards.run(k, self.grads[:, 0], self.weights, self.W, self.G, self.H[0], rate, self.solver.param.momentum)
+        self._shards.run(k, self.grads[:, 0], self.weights, self.W, self.G, self.H[0], rate, self._momentum)
         t2 = time.perf_counter()
         with self._cv:
             if generation != self._generation:
@@ -708,10 +819,48 @@ class ParallelTrainer:
         }
 
 
+class _Pool:
+    """A trainer's N worker threads and what they wait for while parked: ``generation``, the
+    run they are to join next (set by the server when a run starts), or ``closed``."""
+
+    def __init__(self, cv):
+        self.cv = cv  # the trainer's workers' condition (its lock guards the fields here too)
+        self.generation = 0
+        self.closed = False
+        self.threads = []
+        self.finalizer = None
+
+    def close(self):
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+
+
+def _worker_thread(pool, trainer_ref, k):
+    """A worker thread's life: parked until a run starts, that run's clocks, parked again; it
+    ends when the pool is closed (``close``, an error, garbage collection, interpreter exit).
+    While parked it holds only a weak reference to its trainer."""
+    seen, core = 0, None
+    while True:
+        with pool.cv:
+            while pool.generation == seen and not pool.closed:
+                pool.cv.wait()
+            if pool.closed:
+                return
+            seen = pool.generation
+        trainer = trainer_ref()
+        if trainer is None:
+            return
+        keep, core = trainer._run_worker(k, seen, core)
+        del trainer
+        if not keep:
+            return
+
+
 def train_with_workers(solver, n_workers, staleness=0, resume_file=None, **kwargs):
     """What ``python -m minicaffe.train ... --workers N`` calls instead of ``solver.solve()``:
     train with N worker threads and this thread as the parameter server; returns the trainer
     (``trainer.stats()``, ``trainer.memory_summary()``)."""
-    trainer = ParallelTrainer(solver, n_workers, staleness=staleness, **kwargs)
-    trainer.solve(resume_file)
+    with ParallelTrainer(solver, n_workers, staleness=staleness, **kwargs) as trainer:
+        trainer.solve(resume_file)
     return trainer
