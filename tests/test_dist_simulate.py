@@ -229,3 +229,101 @@ def test_a_transport_limiter_costs_its_sender_cpu_per_frame_sent():
     # 1 MB sent + received in 24 frames (12 sent): bytes half each end, frames half each end,
     # the limiter on the 12 frames this node sends
     assert host.transport_cpu(1e6, 24) == pytest.approx(0.5e-3 + 12 * 1e-4 + 12 * 3e-4)
+
+
+def test_a_sync_overlapping_the_backward_shares_the_nodes_core():
+    # 2 nodes on 2 cores: a node owns one core. With WFBP the top layer's sync (4 ms of CPU)
+    # runs during the bottom layer's backward (10 ms): both lanes at half a core until the sync
+    # is done (8 ms), then the backward alone: the period is all the CPU, 1 + 1 + 10 + 4 ms
+    layers = chain((1e-3, 10e-3, 0), (1e-3, 0.0, 10))
+    layers[1].sync_cpu = {"ps": 4e-3}
+    r = sim.simulate(layers, 2, FREE, "ps", wfbp=True, host=sim.Host(cores=2))
+    assert r.period == pytest.approx(16e-3)
+    syncs = [e for e in r.events if e[0] == "comm"]
+    assert [e[3] - e[2] for e in syncs] == pytest.approx([8e-3] * len(syncs))  # at half a core
+    # with two cores per node the sync hides behind the backward
+    assert sim.simulate(layers, 2, FREE, "ps", wfbp=True, host=sim.Host(cores=4)).period == pytest.approx(12e-3)
+    # 4 nodes on 2 cores: half a core per node, the same work takes twice as long
+    assert sim.simulate(layers, 4, FREE, "ps", wfbp=True, host=sim.Host(cores=2)).period == pytest.approx(32e-3)
+
+
+def test_a_lane_waiting_for_the_wire_leaves_the_cores_idle():
+    # one layer, no WFBP: compute 2 ms, then its PS sync: two round trips of 5 ms one way on the
+    # wire while the transport's 3 ms of CPU move the bytes; the cores idle for the rest
+    layers = chain((1e-3, 1e-3, 1000))
+    link = sim.Link(math.inf, 5e-3)
+    host = sim.Host(cores=2, frame_cpu=2 * 3e-3 / 4)  # 4 frames sent + received: 3 ms per node
+    r = sim.simulate(layers, 2, link, "ps", wfbp=False, host=host, bucket_bytes=1 << 20)
+    assert r.cpu["transport"] == pytest.approx(3e-3)
+    assert r.period == pytest.approx(2e-3 + 10e-3)  # not the CPU bound, 5 ms
+    slow = sim.Host(cores=2, frame_cpu=2 * 30e-3 / 4)  # now the CPU outlasts the wire
+    assert sim.simulate(layers, 2, link, "ps", False, host=slow, bucket_bytes=1 << 20).period == pytest.approx(32e-3)
+
+
+def test_contention_per_node_count():
+    assert sim.Host(cores=2, contention=1.2).inflation(2) == 1.0  # a number: only past the cores
+    assert sim.Host(cores=2, contention=1.2).inflation(4) == 1.2
+    host = sim.Host(cores=2, contention={2: 1.05, 4: 1.1})  # measured at 2 and 4 nodes: the nearest
+    assert [host.inflation(p) for p in (1, 2, 3, 4, 32)] == [1.0, 1.05, 1.1, 1.1, 1.1]
+    layers = chain((1e-3, 2e-3, 0))
+    assert sim.simulate(layers, 2, FREE, "ps", host=host).period == pytest.approx(1.05 * 3e-3)
+
+
+def test_serving_threads_and_the_process_cost_cpu():
+    # hybrid on 2 nodes: ip (SFB) and conv (PS) each a unit; each serving thread (the shard's,
+    # the SFB thread) costs thread_cpu once an iteration, each unit unit_cpu; the rest of the
+    # process iteration_cpu on the compute lane
+    layers = chain((1e-3, 1e-3, 1000), (1e-3, 1e-3, 5000, (50, 100, 2)))
+    assert [sim.method_of(l, 2, "hybrid") for l in layers] == ["ps", "sfb"]
+    layers[0].sync_cpu, layers[1].sync_cpu = {"ps": 0.0}, {"sfb": 0.0}
+    host = sim.Host(cores=4, unit_cpu=1e-4, thread_cpu=2e-4, iteration_cpu=1e-3)
+    r = sim.simulate(layers, 2, FREE, "hybrid", wfbp=False, host=host, bucket_bytes=1 << 20)
+    assert r.cpu["sync"] == pytest.approx(2 * 1e-4 + 2 * 2e-4)
+    assert r.cpu["process"] == pytest.approx(1e-3)
+    # the SFB layer skips its own dW (half its backward): 3.5 ms compute + 1 ms process, then
+    # the two syncs' 0.6 ms one after the other (nothing overlaps without WFBP)
+    assert r.period == pytest.approx(3.5e-3 + 1e-3 + 0.6e-3)
+
+
+def _bench():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "poseidon.py")
+    spec = importlib.util.spec_from_file_location("poseidon_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_costs_from_training_runs_are_solved_from_their_differences():
+    bench = _bench()
+    # runs made of known costs: a frame 100 us (both ends), the process 1 ms, a unit 50 us and a
+    # serving thread 200 us beyond the shard's kernels (120 us), 0.5 ns per byte on loopback
+    frame, fixed, unit, thread, kernel, per_byte, nbytes = 100e-6, 1e-3, 50e-6, 200e-6, 120e-6, 0.5e-9, 5e6
+
+    def run(units, compute=5e-3, extra=0.0, cpu=11e-3):
+        return {
+            "transport_cpu_s": fixed + nbytes / 2 * per_byte + 12 * units / 2 * frame + extra,
+            "server_cpu_s": kernel + thread + units * unit,
+            "compute_cpu_s": compute,
+            "cpu_s": cpu,
+            "bytes": nbytes,
+        }
+
+    med = {"off": run(4), "one": run(1), "on": run(4, cpu=12e-3), "limiter": run(4, extra=24 * 80e-6)}
+    med["two"] = run(4, compute=9.2e-3)
+    got = bench.solve_run_costs(med, per_byte, {2: 10e-3, 4: 4.5e-3}, kernel)
+    assert got["cpu_s_per_frame"] == pytest.approx(frame)
+    assert got["iteration_cpu_s"] == pytest.approx(fixed)
+    assert got["unit_cpu_s"] == pytest.approx(unit)
+    assert got["thread_cpu_s"] == pytest.approx(thread)
+    assert got["wfbp_cpu_s_per_sync"] == pytest.approx(1e-3 / 4)
+    assert got["limiter_cpu_s_per_frame"] == pytest.approx(80e-6)
+    assert got["contention_measured"] == pytest.approx({"2": 0.92, "4": 5 / 4.5})
+    assert got["contention"] == pytest.approx({"2": 1.0, "4": 5 / 4.5})  # never below alone
+    # the simulator takes each cost's median over the calibration calls kept
+    calls = [dict(got, unit_cpu_s=u, contention={"4": c}) for u, c in ((1e-5, 1.2), (3e-5, 1.0), (2e-5, 1.1))]
+    costs = bench.run_costs_of({"run_calls": calls})
+    assert costs["unit_cpu_s"] == pytest.approx(2e-5)
+    assert costs["contention"] == pytest.approx({"4": 1.1})

@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import re
+import statistics
 import sys
 from dataclasses import dataclass, field
 
@@ -110,13 +111,35 @@ class Host:
     # the switches between the compute thread, the senders, the receivers and the shard's or the
     # SFB thread that the interleaving brings, on cores every node process already keeps busy
     wfbp_sync_cpu: float = 0.0
-    # CPU seconds a node's compute costs per second of the same compute measured alone, where
-    # the node processes outnumber the cores (caches and cores shared, switches between the
-    # processes): measured from a training run, not from the layers' own timing
-    contention: float = 1.0
+    # CPU seconds a node's compute costs per second of the same compute measured alone: a number
+    # (where the node processes outnumber the cores), or {nodes: factor} measured at some node
+    # counts (the nearest one applies; other processes and the node's own helper threads share
+    # the cores and their caches even where each process has a core): from training runs, not
+    # from the layers' own timing
+    contention: object = 1.0
     # CPU seconds per frame sent that a transport's own rate limiter costs (minicaffe's --link:
     # a lock, a sleep and its wake-up per frame and per piece); 0 for links shaped outside it
     limiter_frame_cpu: float = 0.0
+    # CPU seconds each sync unit costs the thread that serves it beyond its kernels (waking the
+    # shard's server thread or the SFB thread, the frame handler, the locks)
+    unit_cpu: float = 0.0
+    # CPU seconds per iteration each thread that serves syncs (the shard's server thread, the SFB
+    # thread) costs beyond its units, where it serves any
+    thread_cpu: float = 0.0
+    # CPU seconds per iteration of the rest of a node process beyond its frames and bytes (the
+    # main thread's loop, log and waits; the transport threads' wake-ups), on the compute lane
+    iteration_cpu: float = 0.0
+
+    def inflation(self, nodes):
+        """Compute CPU seconds per second measured alone, for ``nodes`` node processes."""
+        if nodes <= 1:
+            return 1.0
+        if isinstance(self.contention, dict):
+            if not self.contention:
+                return 1.0
+            nearest = min(self.contention, key=lambda p: (abs(p - nodes), -p))
+            return self.contention[nearest]
+        return self.contention if nodes > self.cores else 1.0
 
     def transport_cpu(self, nbytes, frames):
         """CPU seconds one node spends moving ``nbytes`` (sent + received) in ``frames`` frames
@@ -214,6 +237,7 @@ class Result:
     bytes: float
     methods: dict
     events: list = field(default_factory=list)  # (lane, layer name, start, end, iteration)
+    cpu: dict = field(default_factory=dict)  # one node's CPU seconds per iteration by kind
 
     @property
     def waiting(self):
@@ -263,21 +287,21 @@ def simulate(
 ):
     """Run the schedule for ``iterations`` iterations; the period is measured over the last ones.
 
-    ``compute_scale`` multiplies every compute time and CPU part of a sync (e.g. P node
-    processes sharing fewer cores: P / cores). ``cpu_overlap=False``: the cores are all busy
-    computing, so every CPU second a sync needs (update, rebuild) is taken from the compute
-    (added to each iteration's compute) instead of overlapping it.
+    ``compute_scale`` multiplies every compute time and CPU part of a sync (e.g. a slower
+    machine). ``cpu_overlap=False``: the cores are all busy computing, so every CPU second a
+    sync needs (update, rebuild) is taken from the compute (added to each iteration's compute)
+    instead of overlapping it (nodes with machines of their own only).
 
-    ``host`` (a Host): the P nodes share ``host.cores`` cores. Then (1) compute and the CPU part
-    of every sync run ``host.share(P)`` times slower (under BSP the nodes compute at the same
-    time); (2) moving a layer's bytes costs CPU too (``host.tcp_cpu`` per byte and
-    ``host.frame_cpu`` per frame, both ends), so a transfer lasts at least as long as its CPU
-    work, max(bytes / 2 / rate, CPU); (3) the
-    cores bound the period from below: P x (one node's CPU seconds per iteration: compute, its
-    syncs' CPU, its transport CPU) / cores; (4) where the nodes outnumber the cores, every compute
-    second costs ``host.contention`` CPU seconds. An SFB layer's own weight gradient is not computed
-    on the nodes (the rebuilt one replaces it), with or without a host. With WFBP, every sync
-    unit also costs ``host.wfbp_sync_cpu`` of CPU (thread switches on shared cores).
+    ``host`` (a Host): the P nodes share ``host.cores`` cores (``shared_schedule``). Then the
+    node's two lanes, compute and communication, are CPU work sharing the cores with everyone's:
+    while a sync waits only for the wire, or the compute only for a sync, that lane needs no
+    core. The CPU work of a node per iteration: its compute (x ``host.inflation(P)``), the rest
+    of its process (``host.iteration_cpu``), and per sync unit the transport's CPU for its bytes
+    and frames (``host.tcp_cpu``, ``host.frame_cpu``, both ends), the serving thread's
+    (``host.unit_cpu``, and ``host.thread_cpu`` once an iteration per serving thread), the update
+    or rebuild, and with WFBP ``host.wfbp_sync_cpu`` (thread switches on shared cores). An SFB
+    layer's own weight gradient is not computed on the nodes (the rebuilt one replaces it),
+    with or without a host.
 
     ``bucket_bytes``: the PS layers sync in gradient buckets (``sync_units``): a bucket's
     layers travel together (4 (P - 1) frames per bucket instead of per blob), ready when its
@@ -289,10 +313,7 @@ def simulate(
         raise MinicaffeError("simulate needs nodes >= 1 and iterations >= 3")
     wfbp = wfbp and nodes > 1  # one node has nothing to overlap: it updates after backward, as Caffe
     n = len(layers)
-    inflate = 1.0  # compute CPU seconds per second measured alone
-    if host is not None:
-        compute_scale = compute_scale * host.share(nodes)
-        inflate = host.contention if nodes > host.cores else 1.0
+    inflate = host.inflation(nodes) if host is not None else 1.0  # compute CPU s per s measured alone
     methods = [method_of(l, nodes, comm) for l in layers]
     own = [
         inflate * (l.backward - (l.weight_gradient if m == "sfb" and nodes > 1 else 0.0))
@@ -300,49 +321,74 @@ def simulate(
     ]
     fwd = [inflate * l.forward * compute_scale for l in layers]
     bwd = [b * compute_scale for b in own]
-    nbytes, stolen, cpu_total = 0.0, 0.0, inflate * sum(l.forward for l in layers) + sum(own)
+    cpu_kinds = {"compute": sum(fwd) + sum(bwd), "sync": 0.0, "transport": 0.0, "wfbp": 0.0}
     cost = [sync_cost(l, m, nodes, link) for l, m in zip(layers, methods)]  # (net s, CPU s, bytes)
     units = sync_units(layers, methods, bucket_bytes)
-    sync, parts = [], []  # per unit: its seconds; (bytes each way, latency part, transport CPU floor, CPU)
+    served = set()  # the methods whose serving thread has a unit already
+    nbytes = 0.0
+    parts = []  # per unit: (bytes each way, latency part, transport CPU, sync CPU)
     for unit in units:
         m = methods[unit[0]]
         b = sum(cost[i][2] for i in unit)
-        cpu_s = sum(cost[i][1] for i in unit)
+        cpu_s = sum(cost[i][1] for i in unit) * compute_scale
         rounds = 0 if nodes == 1 else (2 if m == "ps" else 1)
-        net_s = rounds * link.latency + (b / 2 / link.rate(nodes) if b else 0.0)
-        wire, floor = net_s, 0.0
-        if host is not None:
+        tcp = 0.0
+        if host is not None and nodes > 1:
+            cpu_s += host.unit_cpu  # the serving thread's wake-up, handler and locks
+            if m not in served:  # the first unit this iteration of the shard's or the SFB thread
+                served.add(m)
+                cpu_s += host.thread_cpu
             per_blob = m == "ps" and bucket_bytes == 0
             frames = 4 * (nodes - 1) * (layers[unit[0]].blobs if per_blob else 1)  # sent + received
-            tcp = host.transport_cpu(b, frames) if nodes > 1 else 0.0  # this node's share of moving them
+            tcp = host.transport_cpu(b, frames)  # this node's share of moving them
+            cpu_kinds["transport"] += tcp
             if wfbp:
                 tcp += host.wfbp_sync_cpu
-            floor = tcp * compute_scale
-            wire = max(net_s, floor)
-            cpu_total += tcp
-        sync.append(wire + cpu_s * compute_scale)
-        parts.append((b / 2, rounds * link.latency, floor, cpu_s * compute_scale))
+                cpu_kinds["wfbp"] += host.wfbp_sync_cpu
+        parts.append((b / 2, rounds * link.latency, tcp, cpu_s))
         nbytes += b
-        stolen += cpu_s * compute_scale
-        cpu_total += cpu_s
+        cpu_kinds["sync"] += cpu_s
     rate = link.rate(nodes)
     tokens, t_tokens = link.burst, 0.0  # the shaper's bucket (bytes each way), full at the start
 
-    def sync_time(u, start):
-        """Unit u's sync starting at ``start``: with a burst, the bytes the bucket holds pass at
-        once (it refills at the link's rate while the link is idle), the rest at the rate."""
+    def wire_time(u, start):
+        """Unit u's time on the wire starting at ``start``: latency x round trips + its bytes
+        at the rate; with a burst, the bytes the bucket holds pass at once (it refills at the
+        link's rate while the link is idle)."""
         nonlocal tokens, t_tokens
-        if not link.burst or math.isinf(rate):
-            return sync[u]
-        each_way, lat, floor, cpu = parts[u]
+        each_way, lat = parts[u][:2]
+        if not each_way or math.isinf(rate):
+            return lat
+        if not link.burst:
+            return lat + each_way / rate
         tokens = min(link.burst, tokens + (start - t_tokens) * rate)
         over = max(0.0, each_way - tokens)
         tokens = max(0.0, tokens - each_way)
         t_tokens = start + over / rate
-        return max(lat + over / rate, floor) + cpu
+        return lat + over / rate
 
+    names = {l.name: m for l, m in zip(layers, methods) if m is not None}
+    unit_names = ["+".join(layers[i].name for i in unit) for unit in units]
+    if host is not None:
+        if nodes > 1 and n:  # the rest of the process, once an iteration, on the compute lane
+            fwd[0] += host.iteration_cpu
+            cpu_kinds["process"] = host.iteration_cpu
+        period, busy, events = shared_schedule(
+            fwd,
+            bwd,
+            units,
+            parts,
+            wire_time,
+            wfbp,
+            host.cores / nodes,
+            iterations,
+            [l.name for l in layers],
+            unit_names,
+        )
+        return Result(nodes, comm, wfbp, period, busy, nbytes, names, events, cpu_kinds)
+    sync = [p[3] for p in parts]  # a node's own machine: the sync's CPU runs beside the compute
     if not cpu_overlap and n:
-        fwd[0] += stolen
+        fwd[0] += sum(sync)
     lowest = {min(unit): u for u, unit in enumerate(units)}  # a unit is ready after its lowest layer
     fresh = [0.0] * n  # when layer l's parameters for the next forward are in place
     t, comm_free = 0.0, 0.0
@@ -364,18 +410,98 @@ def simulate(
             queued = [(u, t) for u, _ in queued]  # everything waits for the whole backward
         for u, ready in queued:
             s = max(comm_free, ready)
-            comm_free = s + sync_time(u, s)
-            name = "+".join(layers[i].name for i in units[u])
+            comm_free = s + wire_time(u, s) + sync[u]
             for i in units[u]:
                 fresh[i] = comm_free
-            events.append(("comm", name, s, comm_free, it))
+            events.append(("comm", unit_names[u], s, comm_free, it))
         if not wfbp:
             fresh = [comm_free] * n  # the next iteration starts when every layer is synchronized
     period = (starts[-1] - starts[1]) / (len(starts) - 2)
-    if host is not None:  # the cores cannot do more than their share of everyone's CPU work
-        period = max(period, nodes * cpu_total / host.cores)
-    names = {l.name: m for l, m in zip(layers, methods) if m is not None}
-    return Result(nodes, comm, wfbp, period, sum(fwd) + sum(bwd), nbytes, names, events)
+    return Result(nodes, comm, wfbp, period, sum(fwd) + sum(bwd), nbytes, names, events, cpu_kinds)
+
+
+def shared_schedule(fwd, bwd, units, parts, wire_time, wfbp, cores_per_node, iterations, names, unit_names):
+    """One node of P in lockstep on a machine they share: two lanes of CPU work, processor sharing.
+
+    The compute lane runs forward 0..L-1, backward L-1..0 (``fwd``, ``bwd``: CPU seconds); the
+    communication lane runs the ready sync units first come first served, each in two steps: its
+    bytes on the wire (``wire_time``) while the transport's CPU (``parts[u][2]``) moves them (the
+    step ends when both are done), then the serving thread's CPU (``parts[u][3]``: update or
+    rebuild). At any moment each lane that has CPU work to do runs at min(1, cores per node /
+    lanes busy) of a core: the P nodes do the same, so a node owns cores / P of the machine; a
+    lane that only waits (for the wire, for a sync) leaves its share idle, as the nodes' threads
+    do. -> (period, compute lane's seconds per iteration, events)."""
+    n = len(fwd)
+    lowest = {min(unit): u for u, unit in enumerate(units)}
+    order = [("f", i) for i in range(n)] + [("b", i) for i in range(n - 1, -1, -1)]
+    synced = [-1] * len(units)  # the last iteration each unit has synchronized
+    t, eps = 0.0, 1e-15
+    it, step, left, began = 0, 0, None, 0.0  # the compute lane: iteration, position, CPU left, start
+    queue, cur = [], None  # ready (iteration, unit); the unit in progress: [it, u, step, CPU left, wire end, start]
+    starts, busy, events = [], [], []
+    comp_busy = 0.0
+
+    def waits(it_, i):
+        """Forward of layer i in iteration it_ waits for the sync of the previous iteration."""
+        if it_ == 0:
+            return False
+        if wfbp:
+            return any(i in unit and synced[u] < it_ - 1 for u, unit in enumerate(units))
+        return i == 0 and any(s < it_ - 1 for s in synced)
+
+    while it < iterations:
+        if left is None:  # the compute lane takes its next task where it may
+            kind, i = order[step]
+            if not (kind == "f" and waits(it, i)):
+                left, began = (fwd if kind == "f" else bwd)[i], t
+                if step == 0:
+                    starts.append(t)
+        if cur is None and queue:
+            cit, u = queue.pop(0)
+            cur = [cit, u, 0, parts[u][2], t + wire_time(u, t), t]
+        lanes = (left is not None and left > eps) + (cur is not None and cur[3] > eps)
+        speed = min(1.0, cores_per_node / lanes) if lanes else 0.0
+        dt = math.inf
+        if left is not None:
+            dt = left / speed if left > eps else 0.0
+        if cur is not None:
+            if cur[3] > eps:
+                dt = min(dt, cur[3] / speed)
+            elif cur[2] == 0:
+                dt = min(dt, max(cur[4] - t, 0.0))
+            else:
+                dt = 0.0
+        if math.isinf(dt):
+            raise MinicaffeError("simulate: the schedule is stuck (a forward waits for a sync nobody runs)")
+        t += dt
+        if left is not None and left > eps:
+            left -= speed * dt
+            comp_busy += dt
+        if cur is not None and cur[3] > eps:
+            cur[3] -= speed * dt
+        if left is not None and left <= eps:  # a compute task ends
+            kind, i = order[step]
+            events.append(("compute", names[i], began, t, it))
+            left = None
+            ready = []
+            if kind == "b" and wfbp and i in lowest:
+                ready = [lowest[i]]
+            elif kind == "b" and not wfbp and i == 0:
+                ready = list(range(len(units)))
+            queue.extend((it, u) for u in ready)
+            step += 1
+            if step == len(order):
+                busy.append(comp_busy)
+                comp_busy, step, it = 0.0, 0, it + 1
+        if cur is not None and cur[3] <= eps and (cur[2] == 1 or t >= cur[4] - eps):
+            if cur[2] == 0:  # on the wire and moved: the serving thread's CPU next
+                cur[2], cur[3] = 1, parts[cur[1]][3]
+            if cur[2] == 1 and cur[3] <= eps:
+                synced[cur[1]] = cur[0]
+                events.append(("comm", unit_names[cur[1]], cur[5], t, cur[0]))
+                cur = None
+    period = (starts[-1] - starts[1]) / (len(starts) - 2)
+    return period, statistics.mean(busy[1:]), events
 
 
 def one_node_time(layers):
