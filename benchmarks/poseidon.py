@@ -589,8 +589,11 @@ def calibrate(nets, nodes_list, batch, out, repeat=3):
     return doc
 
 
-def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=0):
-    """The simulator's result (a ``simulate.Result``) for one run, from the calibration alone."""
+def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=0, sfb=None):
+    """The simulator's result (a ``simulate.Result``) for one run, from the calibration alone.
+    ``sfb``: the layers the run synchronized by SFB (None: the simulator chooses as the runtime
+    does now, ``cost.choose`` with the runtime's host costs over this link)."""
+    from minicaffe.dist import cost
     from minicaffe.dist import simulate as sim
 
     c = calib["nets"].get(f"{net}|{nodes}")
@@ -632,7 +635,15 @@ def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=
     lat = sim.parse_seconds(latency) + tcp.get("round_trip_s", 0.0) / 2
     ln = sim.Link(rate, lat, topology=topology, burst=burst)
     bucket = int(bucket_kb * 1024)
-    return sim.simulate(layers, nodes, ln, comm, wfbp == "on", host=host, bucket_bytes=bucket)
+    return sim.simulate(
+        layers, nodes, ln, comm, wfbp == "on", host=host, bucket_bytes=bucket, rule_host=cost.DEFAULT_HOST, sfb=sfb
+    )
+
+
+def run_sfb_layers(r):
+    """The layers a recorded run synchronized by SFB (its per-unit report), or None."""
+    units = r.get("layers")
+    return {name for name, u in units.items() if u.get("method") == "sfb"} if units else None
 
 
 def slim(results, clocks=2):
@@ -675,7 +686,7 @@ def bucket_tag(r):
 def validation(results):
     """Predicted / measured seconds per iteration of every run, and how many are within 15%."""
     lines = [f"{'net':<16} {'P':>2} {'link':>7} {'mode':<12} {'measured':>9} {'predicted':>9} {'pred/meas':>9}"]
-    inside = total = 0
+    inside = total = differ = 0
     for key, r in results.items():
         if "predicted_s" not in r:
             continue
@@ -684,11 +695,20 @@ def validation(results):
         ok = abs(ratio - 1) <= 0.15
         inside, total = inside + ok, total + 1
         flag = "" if ok else "  (outside 15%)"
+        ran = run_sfb_layers(r)
+        if ran is not None and "predicted_plan" in r and set(r["predicted_plan"]) != ran:
+            differ += 1
+            flag += f"  (plan now: SFB {'+'.join(r['predicted_plan']) or 'none'})"
         lines.append(
             f"{net:<16} {nodes:>2} {link:>7} {label(comm, wfbp):<12} {1e3 * r['seconds_per_iter']:>8.1f}ms "
             f"{1e3 * r['predicted_s']:>8.1f}ms {ratio:>9.2f}{flag}"
         )
     lines.append(f"within 15%: {inside} of {total}")
+    if differ:
+        lines.append(
+            f"{differ} run(s) synchronized other layers by SFB than the simulator's plan (cost.choose, the "
+            "runtime's rule now): predicted as they ran"
+        )
     return "\n".join(lines)
 
 
@@ -862,11 +882,12 @@ def main(argv=None):
         net, nodes, link, comm, wfbp = key.split("|")
         lat = r.get("latency", DELAY)
         # (runs from before gradient buckets have no bucket_kb: every blob was its own)
-        pred = predicted(
-            calib, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), lat, r.get("bucket_kb", 0)
-        )
+        run = (calib, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), lat, r.get("bucket_kb", 0))
+        pred = predicted(*run, sfb=run_sfb_layers(r))  # timed as the run synchronized
         if pred is not None:
             r["predicted_s"] = pred.period
+            own = predicted(*run)  # and the plan the simulator makes itself, as the runtime now would
+            r["predicted_plan"] = sorted(n for n, m in own.methods.items() if m == "sfb")
     print(table(results))
     print()
     print("CPU ms per iteration, mean over nodes (compute thread, shard updates, SFB thread, the rest")

@@ -327,3 +327,31 @@ def test_costs_from_training_runs_are_solved_from_their_differences():
     costs = bench.run_costs_of({"run_calls": calls})
     assert costs["unit_cpu_s"] == pytest.approx(2e-5)
     assert costs["contention"] == pytest.approx({"4": 1.1})
+
+
+def test_the_simulator_plans_with_the_runtimes_rule():
+    # CIFAR-10 quick's geometry on 4 nodes: the byte rule sends ip1 (64 x 1024, K = 25) by SFB;
+    # the runtime's rule (cost.choose with its host costs) keeps it on the parameter server,
+    # where it shares the convolutions' bucket, and the simulator plans the same
+    layers = [
+        sim.Layer("conv", 1e-3, 2e-3, 79_328),
+        sim.Layer("ip1", 1e-4, 2e-4, 65_600, 64, 1024, 25),
+        sim.Layer("ip2", 1e-5, 2e-5, 650, 10, 64, 25),
+    ]
+    link = sim.Link(sim.parse_rate("1gbit"), 1e-4)
+    assert sim.choose_methods(layers, 4) == [sim.method_of(l, 4, "hybrid") for l in layers] == ["ps", "sfb", "ps"]
+    ran = sim.simulate(layers, 4, link, "hybrid", bucket_bytes=1 << 20)
+    assert ran.methods == {"conv": "ps", "ip1": "sfb", "ip2": "ps"}
+    now = sim.simulate(layers, 4, link, "hybrid", bucket_bytes=1 << 20, rule_host=cost.DEFAULT_HOST)
+    assert now.methods == {"conv": "ps", "ip1": "ps", "ip2": "ps"}
+    costs = cost.choose(
+        [cost.layer_cost(i, l.name, l.count, l.m, l.n, l.k) for i, l in enumerate(layers)],
+        4,
+        bucket_bytes=1 << 20,
+        link_rate=link.bandwidth,
+    )
+    assert {c.name: c.choice for c in costs} == now.methods
+    # a recorded run's own choice, to time it as it ran
+    forced = sim.simulate(layers, 4, link, "hybrid", bucket_bytes=1 << 20, rule_host=cost.DEFAULT_HOST, sfb={"ip1"})
+    assert forced.methods == ran.methods
+    assert forced.period == pytest.approx(ran.period)

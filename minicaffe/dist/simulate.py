@@ -40,6 +40,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import MinicaffeError
+from . import cost
 from .cost import COMM_MODES, ps_floats, sfb_floats
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -190,7 +191,7 @@ def format_rate(bytes_per_s):
 
 
 def method_of(layer, nodes, comm):
-    """'ps', 'sfb' or None (nothing to sync): the same choice as cost.plan."""
+    """'ps', 'sfb' or None (nothing to sync) for one layer by Poseidon's byte rule alone."""
     if layer.count == 0:
         return None
     if comm == "ps" or not layer.fc:
@@ -198,6 +199,23 @@ def method_of(layer, nodes, comm):
     if comm == "sfb":
         return "sfb"
     return "sfb" if sfb_floats(layer.k, layer.m, layer.n, nodes) <= ps_floats(layer.m, layer.n, nodes, nodes) else "ps"
+
+
+def choose_methods(layers, nodes, comm="hybrid", bucket_bytes=0, link_rate=None, rule_host=None):
+    """Every layer's 'ps', 'sfb' or None, chosen as the runtime chooses (``cost.choose``).
+
+    ``rule_host`` None: Poseidon's byte rule per layer. A ``cost.HostCosts`` (the runtime's
+    ``cost.DEFAULT_HOST``): the rule's SFB layers stay SFB only where the whole plan's estimated
+    time per iteration says SFB pays (frames, the buckets an SFB layer cuts, the rebuild), with
+    ``link_rate`` bytes/s each way (None: the 10 Gbit/s the runtime assumes)."""
+    costs = [
+        cost.layer_cost(i, l.name, l.count, l.m, l.n, l.k, l.blobs, l.itemsize)
+        for i, l in enumerate(layers)
+        if l.count
+    ]
+    cost.choose(costs, nodes, comm=comm, bucket_bytes=bucket_bytes, link_rate=link_rate, host=rule_host)
+    chosen = {c.index: c.choice for c in costs}
+    return [chosen.get(i) for i in range(len(layers))]
 
 
 def sync_cost(layer, method, nodes, link):
@@ -247,30 +265,29 @@ class Result:
 
 def sync_units(layers, methods, bucket_bytes=0):
     """What synchronizes as one: lists of layer indices, each ready when its lowest layer's
-    backward ends. An SFB layer is a unit of its own; PS layers form gradient buckets as the
-    runtime's (``ps.plan_buckets``): from the last layer back, consecutive PS layers (layers
-    without parameters between them do not count) until a bucket holds ``bucket_bytes`` or more;
-    an SFB layer ends a bucket. ``bucket_bytes`` 0: every PS layer on its own (and each blob in
-    its own frames)."""
-    units, cur, size = [], [], 0
-    for i in range(len(layers) - 1, -1, -1):
-        m = methods[i]
+    backward ends, in the order the backward makes them ready. An SFB layer is a unit of its
+    own; PS layers form the runtime's gradient buckets (``cost.plan_buckets``): from the last
+    layer back, consecutive PS layers (layers without parameters between them do not count)
+    until a bucket holds ``bucket_bytes`` or more; an SFB layer ends a bucket. ``bucket_bytes``
+    0: every PS layer on its own (and each blob in its own frames)."""
+    counts, layer_of, ps_blobs = [], [], []
+    for i, (l, m) in enumerate(zip(layers, methods)):
         if m is None:
             continue
-        if m == "sfb":
-            if cur:
-                units.append(cur)
-                cur, size = [], 0
-            units.append([i])
-            continue
-        if cur and (bucket_bytes == 0 or size >= bucket_bytes):
-            units.append(cur)
-            cur, size = [], 0
-        cur.insert(0, i)
-        size += layers[i].count * layers[i].itemsize
-    if cur:
-        units.append(cur)
-    return units
+        per = [l.count // l.blobs] * l.blobs if l.blobs > 1 else [l.count]
+        per[-1] += l.count - sum(per)
+        for c in per:
+            if m == "ps":
+                ps_blobs.append(len(counts))
+            counts.append(c)
+            layer_of.append(i)
+    itemsize = next((l.itemsize for l in layers if l.count), 4)
+    units = [[i] for i, m in enumerate(methods) if m == "sfb"]
+    for bucket in cost.plan_buckets(counts, ps_blobs, layer_of, itemsize, bucket_bytes):
+        unit = sorted({layer_of[b] for b in bucket})
+        if unit not in units:  # (bucket_bytes 0: a bucket per blob, one unit per layer)
+            units.append(unit)
+    return sorted(units, key=lambda u: -max(u))
 
 
 def simulate(
@@ -284,8 +301,14 @@ def simulate(
     cpu_overlap=True,
     host=None,
     bucket_bytes=0,
+    rule_host=None,
+    sfb=None,
 ):
     """Run the schedule for ``iterations`` iterations; the period is measured over the last ones.
+
+    Each layer's method is the runtime's choice (``choose_methods``: Poseidon's byte rule, or
+    with ``rule_host`` a ``cost.HostCosts`` the runtime's cost-aware rule over this link), or
+    ``sfb``, the names of the layers a run synchronized by SFB (every other one by PS).
 
     ``compute_scale`` multiplies every compute time and CPU part of a sync (e.g. a slower
     machine). ``cpu_overlap=False``: the cores are all busy computing, so every CPU second a
@@ -314,7 +337,10 @@ def simulate(
     wfbp = wfbp and nodes > 1  # one node has nothing to overlap: it updates after backward, as Caffe
     n = len(layers)
     inflate = host.inflation(nodes) if host is not None else 1.0  # compute CPU s per s measured alone
-    methods = [method_of(l, nodes, comm) for l in layers]
+    if sfb is not None:
+        methods = [None if not l.count else "sfb" if l.name in sfb else "ps" for l in layers]
+    else:
+        methods = choose_methods(layers, nodes, comm, bucket_bytes, link.bandwidth, rule_host)
     own = [
         inflate * (l.backward - (l.weight_gradient if m == "sfb" and nodes > 1 else 0.0))
         for l, m in zip(layers, methods)
@@ -322,15 +348,15 @@ def simulate(
     fwd = [inflate * l.forward * compute_scale for l in layers]
     bwd = [b * compute_scale for b in own]
     cpu_kinds = {"compute": sum(fwd) + sum(bwd), "sync": 0.0, "transport": 0.0, "wfbp": 0.0}
-    cost = [sync_cost(l, m, nodes, link) for l, m in zip(layers, methods)]  # (net s, CPU s, bytes)
+    each = [sync_cost(l, m, nodes, link) for l, m in zip(layers, methods)]  # (net s, CPU s, bytes)
     units = sync_units(layers, methods, bucket_bytes)
     served = set()  # the methods whose serving thread has a unit already
     nbytes = 0.0
     parts = []  # per unit: (bytes each way, latency part, transport CPU, sync CPU)
     for unit in units:
         m = methods[unit[0]]
-        b = sum(cost[i][2] for i in unit)
-        cpu_s = sum(cost[i][1] for i in unit) * compute_scale
+        b = sum(each[i][2] for i in unit)
+        cpu_s = sum(each[i][1] for i in unit) * compute_scale
         rounds = 0 if nodes == 1 else (2 if m == "ps" else 1)
         tcp = 0.0
         if host is not None and nodes > 1:
