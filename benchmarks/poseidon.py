@@ -894,7 +894,7 @@ def main(argv=None):
     print("of the process: transport threads and the kernel's TCP; sys = the system part of all):")
     print(cpu_table(results))
     print()
-    print("simulator validation (per-layer times from each run, the link, the WFBP schedule):")
+    print("simulator validation (its inputs from the calibration alone; each run as it synchronized):")
     print(validation(results))
     base = os.path.splitext(args.report or args.out)[0]
     plot_throughput(results, base + "_throughput.png")
