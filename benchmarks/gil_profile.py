@@ -6,6 +6,7 @@ and what each thread costs per step: its CPU time and its wait for a core, from 
     python benchmarks/gil_profile.py --mode lanes --steps 200
     python benchmarks/gil_profile.py --update server    # --workers 2 with the server's own update
     python benchmarks/gil_profile.py --no-gil           # the per-thread CPU table only (no py-spy)
+    python benchmarks/gil_profile.py --step1            # trainer.step(1) per step (a run per step)
 
 Per thread (Linux ``/proc/self/task/<id>/schedstat``, read every 50 ms by a monitor thread while
 the timed steps run, in the run without py-spy): ms of CPU per step, ms per step spent runnable
@@ -19,7 +20,9 @@ BLAS call that released the GIL is not counted: checked on a nogil spin loop and
 matmul, which get no samples).  py-spy attaches after 20 warm-up steps (compilation, first
 allocations); the samples taken inside the training loop, divided by the steps, are the
 GIL-held milliseconds per step; they are split by thread (the server = the main
-thread, the workers or lanes) and by the Python line that held it.  py-spy slows the process a
+thread, the workers or lanes), by what the thread was doing (the layer call it was in, by the
+outermost frame in minicaffe/layers/, else the runtime's or the solver's own lines) and by the
+Python line that held it.  py-spy slows the process a
 little; the step time printed is measured without it, in a run of its own.
 """
 
@@ -88,7 +91,7 @@ def thread_costs(step, steps):
     return {k: v for k, v in costs.items() if v[0] > 0.005}
 
 
-def child(mode, steps, wait, update="sharded"):
+def child(mode, steps, wait, update="sharded", step1=False):
     """The training loop to profile: LeNet on real MNIST, BLAS 1 thread per worker or lane.
     With ``wait``, it says WARM after the warm-up and waits for a line on stdin (the profiler
     attaches in between), so compilation and first allocations are not sampled."""
@@ -107,6 +110,13 @@ def child(mode, steps, wait, update="sharded"):
     else:
         lanes.set_count(2 if mode == "lanes" else 1)
         step = solver.step
+    if step1:  # one run per step, as a training loop that calls step(1) does
+        run = step
+
+        def step(n):
+            for _ in range(n):
+                run(1)
+
     step(20)
     if wait:
         print("WARM", flush=True)
@@ -120,8 +130,19 @@ def child(mode, steps, wait, update="sharded"):
     print(f"STEP_MS {1000 * (time.perf_counter() - t0) / steps:.3f}", flush=True)
 
 
+def doing(frames):
+    """What a thread holding the GIL was doing: the layer call (outermost frame in
+    minicaffe/layers/), else the innermost frame's file (the runtime, the solver, ...)."""
+    for f in frames:
+        func, _, where = f.partition(" (")
+        if "/layers/" in where:
+            return f"layer {func}"
+    func, _, where = frames[-1].partition(" (")
+    return "/".join(where.rstrip(")").split(":")[0].split("/")[-2:])
+
+
 def summarize(path, steps, marker):
-    by_thread, by_line = collections.Counter(), collections.Counter()
+    by_thread, by_line, by_doing = collections.Counter(), collections.Counter(), collections.Counter()
     total = 0
     with open(path) as f:
         for line in f:
@@ -132,10 +153,11 @@ def summarize(path, steps, marker):
             thread = "main (server)" if "MainThread" in frames[0] else "helper (worker/lane)"
             n = int(n)
             by_thread[thread] += n
+            by_doing[f"{'server' if thread.startswith('main') else 'workers'}: {doing(frames[1:])}"] += n
             func, _, where = frames[-1].partition(" (")
             by_line[f"{func} ({'/'.join(where.rstrip(')').split('/')[-2:])})"] += n
             total += n
-    return total, by_thread, by_line
+    return total, by_thread, by_line, by_doing
 
 
 def main():
@@ -151,18 +173,21 @@ def main():
         help="workers mode: the reduce + SGD update sharded over the workers (the default) or on the server",
     )
     p.add_argument("--no-gil", action="store_true", help="only the per-thread CPU table (no py-spy)")
-    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--step1", action="store_true", help="time step(1) calls (one run each), not one long run")
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child[0], int(args.child[1]), args.child[2] == "1", args.child[3])
+        return child(args.child[0], int(args.child[1]), args.child[2] == "1", args.child[3], args.child[4] == "1")
     if shutil.which("py-spy") is None and not args.no_gil:
         raise SystemExit("py-spy is not installed: pip install py-spy (or --no-gil)")
     env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", args.mode, str(args.steps), None, args.update]
+    cmd.append("1" if args.step1 else "0")
     plain = subprocess.run(cmd[:5] + ["0"] + cmd[6:], env=env, capture_output=True, text=True, check=True).stdout
     step_ms = float(re.search(r"STEP_MS (\S+)", plain).group(1))
     costs = json.loads(re.search(r"THREADS (.*)", plain).group(1))
     label = f"{args.mode}" + (f", {args.update} update" if args.mode == "workers" else "")
+    label += ", step(1) per step" if args.step1 else ""
     print(f"LeNet, {label}: {step_ms:.2f} ms per step; per thread, ms per step (CPU / waiting for a core / sleeps):")
     for name, (cpu, runq, vol) in sorted(costs.items(), key=lambda kv: -kv[1][0]):
         print(f"  {name:24s} {cpu:6.2f} / {runq:5.2f} / {vol:5.1f}")
@@ -187,11 +212,14 @@ def main():
         proc.wait()
         spy.wait()
         marker = "runtime.py" if args.mode == "workers" else "solver.py"
-        total, by_thread, by_line = summarize(raw, args.steps, marker)
+        total, by_thread, by_line, by_doing = summarize(raw, args.steps, marker)
     per = lambda n: 1000.0 * n / args.rate / args.steps  # noqa: E731
     print(f"GIL held {per(total):.2f} ms per step (py-spy --gil, {args.rate} Hz, in a run of its own)")
     for thread, n in by_thread.most_common():
         print(f"  {thread:<22s} {per(n):6.2f} ms per step")
+    print("What the threads holding it were doing, ms per step:")
+    for what, n in by_doing.most_common(args.top):
+        print(f"  {per(n):6.3f}  {what}")
     print("Python lines holding the GIL, ms per step:")
     for where, n in by_line.most_common(args.top):
         print(f"  {per(n):6.3f}  {where}")

@@ -3,6 +3,8 @@
     python benchmarks/parallel.py                        # LeNet and CIFAR-10 quick, 1..3 workers
     python benchmarks/parallel.py --nets lenet --workers 1 2 --repeats 7 --iters 30
     python benchmarks/parallel.py --workers 2 --server-update --rounds 3   # sharded vs server update
+    python benchmarks/parallel.py --nets lenet --workers 2 --against ../old   # A/B: the runtime rows again,
+                                                         # run by another checkout's code, same rounds
 
 Every configuration runs in its own subprocess, so that ``OPENBLAS_NUM_THREADS`` is set before
 numpy loads OpenBLAS (the runtime also sets it through blas.py, but the baseline must not be
@@ -112,10 +114,10 @@ def child(cfg):
 
 
 def launch(cfg, blas_threads):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(blas_threads), PYTHONPATH=ROOT)
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)], env=env, capture_output=True, text=True
-    )
+    root = cfg.get("root", ROOT)  # --against: another checkout's code runs this configuration
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(blas_threads), PYTHONPATH=root)
+    script = os.path.join(root, "benchmarks", "parallel.py")
+    proc = subprocess.run([sys.executable, script, "--child", json.dumps(cfg)], env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -127,7 +129,8 @@ def row_label(cfg):
         return "serial + arena" if cfg.get("arena") else f"serial BLAS={cfg['blas']}"
     s = cfg.get("staleness", 0)
     label = f"{'BSP' if not s else f'SSP s={s}'} {cfg['workers']} worker{'s' if cfg['workers'] > 1 else ''}"
-    return label + (", server update" if cfg.get("shard") is False else "")
+    label += ", server update" if cfg.get("shard") is False else ""
+    return label + (f" [{os.path.basename(cfg['root'].rstrip('/'))}]" if "root" in cfg else "")
 
 
 def table(results, cores):
@@ -179,7 +182,10 @@ def plot(results, path, cores):
             pts = sorted(
                 (r["cfg"]["workers"], ips(r))
                 for r in rows
-                if r["cfg"]["mode"] == "parallel" and r["cfg"].get("staleness", 0) == s and r["cfg"].get("shard", True)
+                if r["cfg"]["mode"] == "parallel"
+                and r["cfg"].get("staleness", 0) == s
+                and r["cfg"].get("shard", True)
+                and "root" not in r["cfg"]
             )
             if pts:
                 ax.plot(*zip(*pts), style, label="BSP" if s == 0 else f"SSP s={s}")
@@ -204,6 +210,11 @@ def main(argv=None):
         "--server-update", action="store_true", help="also run 2 workers with the server's own reduce and update"
     )
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of every configuration")
+    p.add_argument(
+        "--against",
+        metavar="DIR",
+        help="another checkout of minicaffe: its code also runs every runtime row, in the same rounds (A/B)",
+    )
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5)
@@ -234,6 +245,9 @@ def main(argv=None):
             cfgs.append(({"net": net, "mode": "parallel", "workers": 2, "shard": False, **it}, max(1, cores // 2)))
         if args.ssp:
             cfgs.append(({"net": net, "mode": "parallel", "workers": 2, "staleness": 1, **it}, max(1, cores // 2)))
+        if args.against:
+            root = os.path.abspath(args.against)
+            cfgs += [({**c, "root": root}, t) for c, t in list(cfgs) if c["net"] == net and c["mode"] == "parallel"]
     print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     runs = [[] for _ in cfgs]
     for rnd in range(args.rounds):

@@ -41,9 +41,9 @@ Thread lifetime: the N worker threads are started by the trainer's first ``step`
 live until ``close()`` (or the end of a ``with ParallelTrainer(...)`` block, or the trainer's
 garbage collection, or the interpreter's exit).  Between runs they are *parked* on the workers'
 condition, holding only a weak reference to the trainer, so ``step(1)`` in a loop starts and
-joins no thread (as Caffe's P2PSync threads live for the whole solve).  A run that ends where it
-was meant to leaves them idle (nothing is fetched ahead, every update applied): it wakes them to
-park and does not wait.  A run that ends any other way (an error, Ctrl-C, a stop request with
+joins no thread (as Caffe's P2PSync threads live for the whole solve).  A worker parks by itself
+after the run's last clock, so a run that ends where it was meant to (nothing fetched ahead,
+every update applied) neither wakes nor waits for them.  A run that ends any other way (an error, Ctrl-C, a stop request with
 batches fetched ahead, an abandoned iteration) stops and joins them before step() returns or
 raises, and the next run starts new ones: no worker thread runs on after an error.
 
@@ -405,6 +405,7 @@ class ParallelTrainer:
         with self._cv:  # workers still inside the last run see it is over before anything is reset
             self._generation += 1
             self._delivered = [-1] * self.n  # the last clock each worker delivered
+            self._updated = [-1] * self.n  # the last clock each worker finished its range of the update
             self._limit = max(0, iters) * self.iter_size
             self._iter0 = solver.iter
             self._clock = 0  # the next clock the server reduces
@@ -508,8 +509,8 @@ class ParallelTrainer:
 
     def _uninstall(self, failed=False):
         """End the run.  When it ended where it was meant to (every fetched batch reduced, every
-        update applied, no error) the workers only need to leave it: they are idle, waiting for a
-        batch that does not come, and they park without being waited for.  Otherwise (an error,
+        update applied, no error) the workers have nothing left to do: each parked by itself
+        after the run's last clock, and nobody waits for them.  Otherwise (an error,
         a stop request with batches fetched ahead, an abandoned iteration, Ctrl-C) a worker may
         still be computing: the threads are stopped and joined, and the next run starts new ones."""
         solver = self.solver
@@ -521,12 +522,9 @@ class ParallelTrainer:
             and self._fetched == self._clock
             and (not self.sharded or self._applied == self._clock)
         )
-        if clean:
-            with self._cv:
-                self._stop = True  # the run is over: the workers park (and drop their trainer)
-                self._cv.notify_all()
-        else:
+        if not clean:
             self._discard_pool()
+        # (clean: each worker parked by itself after the run's last clock, and dropped its trainer)
         if self.sharded:
             solver.set_updater(None)
         solver.set_gradient_source(None)
@@ -569,13 +567,15 @@ class ParallelTrainer:
     def _gather(self):
         """Stands in for ``net.forward_backward()`` in the Solver's loop: one global batch."""
         c = self._clock
-        if c >= self._limit:  # the solver asks beyond the run (it does not)
-            self._limit = c + 1
+        if c >= self._limit:  # the workers park after the run's last clock: none would compute it
+            raise SolverError(
+                f"the solver asked for batch {c + 1} of a run of {self._limit} (its iterations x iter_size)"
+            )
         self._fetch_until(self._lookahead(c))
         t0 = time.perf_counter()
         stop_seen = None
         with self._cv_server:
-            while self._done.get(c, 0) < self.n and self._error is None:
+            while not self._gathered(c) and self._error is None:
                 now = time.perf_counter()
                 if self.solver.requested_stop and stop_seen is None:
                     stop_seen = now
@@ -615,13 +615,25 @@ class ParallelTrainer:
         self._t_return = t2
         return loss
 
+    def _gathered(self, c):
+        """Clock ``c`` is ready for the server (the lock is held): its N gradients are in and,
+        with the sharded update, so is the update (the server then waits once per clock, and
+        the workers wake it once), unless a non-finite loss stopped the workers before it."""
+        if self._done.get(c, 0) < self.n:
+            return False
+        return not self.sharded or self._applied > c or self._complete <= c
+
     def _abandon(self, c):
         """Leave clock ``c``: rewind to the start of its iteration (the reader is rewound there
         when the threads stop) and unwind the Solver's loop before it updates anything."""
         it = self._iter0 + c // self.iter_size
+        self._stop = True  # (the lock is held) no worker may start the sharded update of c now
+        if self.sharded and self._complete > c:
+            # every gradient of c is in, so its update is under way: W is partly updated
+            late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._updated[k] < c]
+            raise _Abandoned(late[:1], consistent=False)
         late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._delivered[k] < c]
         self._clock = (c // self.iter_size) * self.iter_size
-        self._stop = True  # (the lock is held) no worker may start the sharded update of c now
         raise _Abandoned(late)
 
     def on_start(self, solver):
@@ -650,7 +662,7 @@ class ParallelTrainer:
             while self._applied <= c and self._error is None:
                 if self.worker_timeout is not None and time.perf_counter() - t0 > self.worker_timeout:
                     it = self._iter0 + c
-                    late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._updates.get(c, 0) < self.n]
+                    late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._updated[k] < c]
                     self._stop = True
                     raise _Abandoned(late[:1], consistent=False)
                 self._cv_server.wait(0.2)
@@ -712,6 +724,8 @@ class ParallelTrainer:
         c = 0
         try:
             while True:
+                if c >= self._limit:
+                    return True, core  # the run's last clock is done: park (nobody needs to wake us)
                 t0 = time.perf_counter()
                 with cv:
                     while not (
@@ -751,7 +765,8 @@ class ParallelTrainer:
                         # that clock may reach W, so the workers are not let through
                         if all(math.isfinite(x) for x in self._losses[c]):
                             self._complete = c + 1
-                        self._cv_server.notify_all()
+                        if not sharded or self._complete <= c:
+                            self._cv_server.notify_all()  # (sharded: woken once the update is in)
                         if sharded:
                             cv.notify_all()
                 if sharded and not self._update_shard(k, c, generation, tm):
@@ -787,6 +802,7 @@ class ParallelTrainer:
             if generation != self._generation:
                 return False
             self._updates[c] = self._updates.get(c, 0) + 1
+            self._updated[k] = c
             tm["worker_sync"][k] += t1 - t0
             tm["worker_update"][k] += t2 - t1
             if self._updates[c] == self.n:
@@ -798,7 +814,8 @@ class ParallelTrainer:
 
     # -- reporting -----------------------------------------------------------------------------
     def stats(self):
-        """Seconds per clock: server (fetch, wait, reduce, update) and each worker's compute/wait;
+        """Seconds per clock: server (fetch, wait, reduce, update; with the sharded update its wait
+        includes the workers' update) and each worker's compute/wait;
         ``staleness``: {c - updates applied when a worker started clock c: count}, in clocks
         (at most (s + 1) * iter_size - 1; all 0 under BSP with iter_size 1)."""
         t = self.timing
