@@ -568,25 +568,52 @@ def calibrate(nets, nodes_list, batch, out, repeat=3):
             f"per frame, both ends; round trip {1e6 * link['round_trip_s']:.0f} us ({doc[key]['path']})",
             flush=True,
         )
-    for net in nets:
-        for nodes in nodes_list:
-            c = calibrate_net(net, nodes, batch)
-            doc["nets"][f"{net}|{nodes}"] = c
-            print(
-                f"{net} on {nodes} nodes: {c['per_node_batch']} per node, layers "
-                f"{1e3 * sum(r['forward'] + r['backward'] for r in c['layers']):.1f} ms, step {1e3 * c['step_s']:.1f} ms",
-                flush=True,
-            )
-    if "lenet|4" not in doc["nets"]:  # the runs' contention is measured against LeNet on 4 nodes
-        doc["nets"]["lenet|4"] = calibrate_net("lenet", 4, None)
-    if "lenet|2" not in doc["nets"]:  # and on 2 nodes
-        doc["nets"]["lenet|2"] = calibrate_net("lenet", 2, None)
+    calibrate_nets(doc, nets, nodes_list, batch)
     calibrate_runs(doc)
     calibrate_bytes(doc)
     doc["load_after"] = os.getloadavg()
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     return doc
+
+
+def calibrate_nets(doc, nets, nodes_list, batch=None):
+    """Each net's layers on each node count (``calibrate_net``), alone on the machine; every call
+    is kept (``doc["net_calls"]``, the last ``KEEP_CALLS``) and ``doc["nets"]`` holds each
+    figure's median over them (``median_net``): one timing of a layer moves 5-10% from call to call."""
+    from minicaffe.parallel import blas
+
+    blas.set_threads(1)  # as each node of 2 or 4 on this machine's 2 cores (launch.blas_threads)
+    for net in nets:
+        for nodes in nodes_list:
+            key = f"{net}|{nodes}"
+            calls = doc.setdefault("net_calls", {}).setdefault(key, [])
+            calls.append(calibrate_net(net, nodes, batch))
+            del calls[:-KEEP_CALLS]
+            doc["nets"][key] = c = median_net(calls)
+            steps = [x["step_s"] for x in calls]
+            print(
+                f"{net} on {nodes} nodes: {c['per_node_batch']} per node, layers "
+                f"{1e3 * sum(r['forward'] + r['backward'] for r in c['layers']):.1f} ms, step {1e3 * c['step_s']:.1f} ms "
+                f"(median of {len(calls)} call(s): {min(steps) * 1e3:.1f}-{max(steps) * 1e3:.1f} ms)",
+                flush=True,
+            )
+
+
+def median_net(calls):
+    """One calibrated net from several calls: every number its median over the calls."""
+
+    def med(values):
+        values = list(values)
+        if isinstance(values[0], dict):
+            return {k: med(v[k] for v in values) for k in values[0]}
+        if all(v == values[0] for v in values) or not isinstance(values[0], (int, float)):
+            return values[0]  # (shapes, names: the same in every call)
+        return statistics.median(values)
+
+    out = {k: med(c[k] for c in calls) for k in calls[0] if k != "layers"}
+    out["layers"] = [med(layer) for layer in zip(*(c["layers"] for c in calls))]
+    return out
 
 
 def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=0, sfb=None):
@@ -802,15 +829,22 @@ def main(argv=None):
         "in --calibration; each call adds to the calls kept, the simulator takes their medians",
     )
     p.add_argument(
+        "--calibrate-nets",
+        action="store_true",
+        help="time --nets x --nodes alone again; the simulator takes each layer's median over the calls kept",
+    )
+    p.add_argument(
         "--calibrate-bytes",
         action="store_true",
         help="measure again the transport's CPU per byte from training runs of the FC head at 20 Gbit/s",
     )
     args = p.parse_args(argv)
-    if args.calibrate_runs or args.calibrate_bytes:
+    if args.calibrate_runs or args.calibrate_bytes or args.calibrate_nets:
         with open(args.calibration) as f:
             doc = json.load(f)
         print(f"load before: {os.getloadavg()}")
+        if args.calibrate_nets:
+            calibrate_nets(doc, args.nets, args.nodes, args.batch)
         if args.calibrate_runs:
             calibrate_runs(doc)
             doc["runs_load"] = os.getloadavg()

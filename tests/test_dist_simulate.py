@@ -355,3 +355,18 @@ def test_the_simulator_plans_with_the_runtimes_rule():
     forced = sim.simulate(layers, 4, link, "hybrid", bucket_bytes=1 << 20, rule_host=cost.DEFAULT_HOST, sfb={"ip1"})
     assert forced.methods == ran.methods
     assert forced.period == pytest.approx(ran.period)
+
+
+def test_a_calibrated_net_is_the_median_of_its_calls():
+    bench = _bench()
+
+    def call(f, sync):
+        layer = {"name": "ip1", "forward": f, "backward": 2 * f, "count": 10, "m": 2, "sync_cpu": {"ps": sync}}
+        return {"net": "lenet", "nodes": 4, "per_node_batch": 16, "overhead": f / 10, "layers": [layer]}
+
+    got = bench.median_net([call(1.0, 5.0), call(3.0, 4.0), call(2.0, 6.0)])
+    assert got["overhead"] == pytest.approx(0.2)
+    assert got["per_node_batch"] == 16 and isinstance(got["per_node_batch"], int)
+    lay = got["layers"][0]
+    assert (lay["name"], lay["forward"], lay["backward"], lay["count"]) == ("ip1", 2.0, 4.0, 10)
+    assert lay["sync_cpu"] == {"ps": 5.0}
