@@ -18,8 +18,12 @@ resident memory (VmHWM).  The load average is printed before and after.
 Configurations (T = the machine's cores, 2 on the machine of docs/CPU_SPEED.md):
   minicaffe 1 thread          the Solver, one lane, OpenBLAS 1 thread
   minicaffe BLAS xT           the Solver, one lane, OpenBLAS T threads (Caffe's way)
-  minicaffe lanes xT          the Solver, each conv/ip/pool call split over T lanes, BLAS 1
-                              thread per lane (what ``python -m minicaffe.train`` does)
+  minicaffe lanes xT          the Solver, T lanes, BLAS 1 thread per lane (what ``python -m
+                              minicaffe.train`` does): the step plan runs LeNet's conv1 .. ip2
+                              (CIFAR-10 quick's conv1 .. ip2) as one task per lane forward and one
+                              backward (minicaffe/parallel/plan.py)
+  minicaffe lanes xT, by layer the same without the step plan: each conv/ip/pool call split over
+                              the T lanes on its own (one hand-off per layer call)
   minicaffe --workers T       SingleCaffe: T worker threads + the server thread, BLAS 1 thread
   torch eager 1 / T threads   PyTorch, ``torch.set_num_threads``
   torch.compile T threads     the model compiled once (inductor, C++ on the CPU)
@@ -81,10 +85,11 @@ def minicaffe_solver(net):
 
 
 def run_minicaffe(net, cfg, steps, warmup):
-    from minicaffe.parallel import ParallelTrainer, blas, lanes
+    from minicaffe.parallel import ParallelTrainer, blas, lanes, plan
 
     solver = minicaffe_solver(net)
     lanes.set_count(cfg.get("lanes", 1))
+    plan.set_enabled(cfg.get("plan", True))
     blas.set_threads(cfg.get("blas", 1))
     if cfg.get("workers"):
         trainer = ParallelTrainer(solver, cfg["workers"], blas_threads=cfg.get("blas", 1))
@@ -183,6 +188,7 @@ def configurations(cores):
         ("minicaffe 1 thread", {"fw": "minicaffe", "lanes": 1, "blas": 1}),
         (f"minicaffe BLAS x{t}", {"fw": "minicaffe", "lanes": 1, "blas": t}),
         (f"minicaffe lanes x{t}", {"fw": "minicaffe", "lanes": t, "blas": 1}),
+        (f"minicaffe lanes x{t}, by layer", {"fw": "minicaffe", "lanes": t, "blas": 1, "plan": False}),
         (f"minicaffe --workers {t}", {"fw": "minicaffe", "workers": t, "blas": 1}),
         ("torch eager 1 thread", {"fw": "torch", "threads": 1}),
         (f"torch eager {t} threads", {"fw": "torch", "threads": t}),

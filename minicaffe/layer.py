@@ -32,6 +32,23 @@ What the memory planner (minicaffe.memory) needs, each layer declares:
   from forward (Convolution: im2col's columns), so its scratch spans one call only.
 
 The poison test (tests/test_memory.py) checks these declarations on every net of nets/.
+
+What the step plan (minicaffe/parallel/plan.py) needs, a layer whose images are independent
+declares by overriding ``lanes_ok`` and the four methods after it.  The plan then runs it with the
+layers around it on each lane's slice of the batch, one task per lane for the whole segment:
+
+- ``lanes_ok(bottom, top)``: True when images [a, b) of every top (forward) and of every bottom
+  diff (backward) depend only on images [a, b) of the bottoms (and top diffs): the batch is
+  axis 0 of every blob.  False by default: the layer runs whole, as ``forward`` / ``backward``.
+- ``prepare_lanes(bottom, top, parts, backward)``: on the calling thread, before a segment starts:
+  size the work buffers for ``parts`` (one ``(a, b)`` per lane), so the lanes only take views.
+- ``forward_images(lane, a, b, bottom, top)`` / ``backward_images(lane, a, b, top,
+  propagate_down, bottom)``: ``forward`` / ``backward`` for images [a, b) only, on lane ``lane``'s
+  thread.  Lane 0 accumulates its parameter gradients into the parameter diffs; lane k > 0 writes
+  its own partial sums into a block of its own.
+- ``reduce_lanes(parts)``: after the backward segment, on the calling thread: add the blocks of
+  lanes 1, 2, ... into the parameter diffs, in lane order (the same order as the lanes of one
+  layer call: results do not depend on which path ran).
 """
 
 from collections import namedtuple
@@ -159,6 +176,23 @@ class Layer:
     def scratch(self):
         """[Scratch(name, flat array, attach(flat), span)] for the work arrays kept between calls."""
         return []
+
+    # -- lanes: the step plan's per-image calls (see the module docstring) ----------------------
+    def lanes_ok(self, bottom, top):
+        """Can the plan run this layer on slices of the batch?  (Default: no.)"""
+        return False
+
+    def prepare_lanes(self, bottom, top, parts, backward):
+        """Size the work buffers for ``parts`` before the lanes start (default: none needed)."""
+
+    def forward_images(self, lane, a, b, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__}.forward_images")
+
+    def backward_images(self, lane, a, b, top, propagate_down, bottom):
+        raise NotImplementedError(f"{type(self).__name__}.backward_images")
+
+    def reduce_lanes(self, parts):
+        """Add the partial parameter gradients of lanes 1.. into the diffs (default: none kept)."""
 
     # -- loss ----------------------------------------------------------------------------------
     def set_loss_weights(self, top):

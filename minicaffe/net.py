@@ -38,6 +38,7 @@ from . import backend as _backend
 from .blob import Blob
 from .errors import LayerError, MinicaffeError, NetError, did_you_mean
 from .layer import create_layer
+from .parallel import plan
 
 TRAIN, TEST = "TRAIN", "TEST"
 #: the per-layer hook points of ``Net.add_hooks``
@@ -204,6 +205,7 @@ class Net:
         level = level or self.param.state.level
         self._hooks = {kind: [] for kind in HOOK_KINDS}
         self._forward_hooked = self._backward_hooked = False
+        self._plan = None  # the step plan (minicaffe/parallel/plan.py), built on first use
         self._build(level, stages)
         # on a GPU backend: compile the engine's kernels for this dtype now, so that no launch
         # inside a step compiles (once per dtype and process; cpu: nothing to do)
@@ -439,8 +441,12 @@ class Net:
             ) from None
 
     def forward_from_to(self, start=0, end=None):
-        """Run layers start..end (inclusive); return the summed weighted loss."""
+        """Run layers start..end (inclusive); return the summed weighted loss.  With more than one
+        lane (minicaffe/parallel/lanes.py) the step plan runs its segments of per-image layers in
+        the lanes, one task per lane for each (``step_plan``)."""
         end = len(self.layers) - 1 if end is None else end
+        if self.uses_step_plan():
+            return self._plan.forward(start, end)
         if self._forward_hooked:
             return self._forward_hooked_from_to(start, end)
         loss = 0.0
@@ -483,6 +489,8 @@ class Net:
 
     def backward_from_to(self, start=None, end=0):
         start = len(self.layers) - 1 if start is None else start
+        if self.uses_step_plan():
+            return self._plan.backward(start, end)
         if self._backward_hooked:
             return self._backward_hooked_from_to(start, end)
         layers, bottoms, tops, need = self.layers, self.bottom_vecs, self.top_vecs, self.layer_need_backward
@@ -532,26 +540,46 @@ class Net:
         self._forward_hooked = bool(h["before_forward"] or h["after_forward"])
         self._backward_hooked = bool(h["before_backward"] or h["after_backward"])
 
-    def _forward_hooked_from_to(self, start, end):
-        loss = 0.0
-        before, after = self._hooks["before_forward"], self._hooks["after_forward"]
-        for i in range(start, end + 1):
-            for hook in before:
-                hook(i)
-            loss += self.layers[i].forward_loss(self.bottom_vecs[i], self.top_vecs[i])
-            for hook in after:
-                hook(i)
+    def hooks(self, kind):
+        """The functions registered for hook point ``kind`` (one of HOOK_KINDS), in order."""
+        return self._hooks[kind]
+
+    def forward_layer(self, i):
+        """Layer i's reshape + forward with its hooks around it; its weighted loss."""
+        for hook in self._hooks["before_forward"]:
+            hook(i)
+        loss = self.layers[i].forward_loss(self.bottom_vecs[i], self.top_vecs[i])
+        for hook in self._hooks["after_forward"]:
+            hook(i)
         return loss
 
+    def backward_layer(self, i):
+        """Layer i's backward with its hooks around it (nothing if it needs no backward)."""
+        if self.layer_need_backward[i]:
+            for hook in self._hooks["before_backward"]:
+                hook(i)
+            self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
+            for hook in self._hooks["after_backward"]:
+                hook(i)
+
+    def step_plan(self):
+        """The net's :class:`~minicaffe.parallel.plan.StepPlan`, built on first use: which runs
+        of consecutive per-image layers the lanes run as one segment each (none on a GPU)."""
+        if self._plan is None:
+            self._plan = plan.StepPlan(self)
+        return self._plan
+
+    def uses_step_plan(self):
+        """Do forward and backward run through the step plan now?  With more than one lane, the
+        plan switched on (``minicaffe.parallel.plan.set_enabled``) and at least one segment."""
+        return bool(self.step_plan().running())
+
+    def _forward_hooked_from_to(self, start, end):
+        return sum((self.forward_layer(i) for i in range(start, end + 1)), 0.0)
+
     def _backward_hooked_from_to(self, start, end):
-        before, after = self._hooks["before_backward"], self._hooks["after_backward"]
         for i in range(start, end - 1, -1):
-            if self.layer_need_backward[i]:
-                for hook in before:
-                    hook(i)
-                self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
-                for hook in after:
-                    hook(i)
+            self.backward_layer(i)
 
     def _set_inputs(self, arrays, what):
         for name, value in arrays.items():

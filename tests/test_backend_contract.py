@@ -64,7 +64,7 @@ def test_check_names_what_is_missing_or_different():
     import types
 
     fake = types.ModuleType("fake")
-    fake.name, fake.xp = "cpu", None
+    fake.name, fake.xp, fake.host_lanes = "cpu", None, True
     for f in contract.FUNCTIONS:
         setattr(fake, f.__name__, f)
     assert contract.check(fake) == []

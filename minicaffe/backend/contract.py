@@ -18,6 +18,8 @@ import inspect
 ATTRIBUTES = {
     "name": "the backend's name: 'cpu', 'cudasim' or 'cuda'",
     "xp": "the array module of its device arrays: numpy, simcupy or cupy (layers do array arithmetic with it)",
+    "host_lanes": "True when its kernels run on the calling thread, on the host's cores (cpu): lanes "
+    "(minicaffe/parallel) may then split a batch across threads; False on a GPU",
 }
 #: what the GPU backends add: the counted host<->device copies, read by the tests and tools
 GPU_ATTRIBUTES = {

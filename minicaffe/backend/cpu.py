@@ -14,6 +14,7 @@ from kernels import im2col as _im2col
 
 name = "cpu"
 xp = np
+host_lanes = True  # lanes (minicaffe/parallel/lanes.py, plan.py) split a batch across threads
 
 
 def to_host(a):

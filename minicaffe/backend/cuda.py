@@ -58,6 +58,7 @@ from ._gpu_kernels import (  # noqa: E402, F401  (the contract's functions: see 
 
 name = "cuda"
 xp = cupy
+host_lanes = False  # the device runs the whole batch: no lanes (minicaffe/parallel/plan.py)
 
 
 def select_device(index):

@@ -59,3 +59,4 @@ name = "cudasim"
 #: numpy's namespace on simulated device arrays, which refuse implicit conversion to numpy as
 #: CuPy's do (kernels/cuda/simarray.py)
 xp = _launcher.xp
+host_lanes = False  # the device runs the whole batch: no lanes (minicaffe/parallel/plan.py)

@@ -139,6 +139,7 @@ class _ConvBase(Layer):
         self._out = _Scratch(self.xp, self.dtype)
         self._dparams = _Scratch(self.xp, self.dtype)
         self._col_key = None
+        self._lanes_reuse = False  # backward_images: the lanes' columns are forward's (prepare_lanes)
         self._direct = False
         self._nobias = self.xp.empty(0, self.dtype)  # "no bias" for the backend's direct kernels
 
@@ -318,8 +319,6 @@ class Convolution(_ConvBase):
 
     def backward(self, top, propagate_down, bottom):
         need_params = any(self.param_propagate_down)
-        M = self.num_output
-        MK = M * (self.channels // self.group) * self.kh * self.kw
         for i, (b, t) in enumerate(zip(bottom, top)):
             if not (need_params or propagate_down[i]):
                 continue
@@ -339,9 +338,44 @@ class Convolution(_ConvBase):
                     ]
                 )
                 self._col_key = (i, s) if dx is None else None  # d(col) overwrote the columns
-                for k in range(1, len(parts)):  # the lanes' partial sums, in lane order
-                    part = self._dparams.part(k - 1, MK + M)
-                    if self.param_propagate_down[0]:
-                        self.blobs[0].dev_diff.reshape(-1)[...] += part[:MK]
-                    if self.bias_term and self.param_propagate_down[1]:
-                        self.blobs[1].dev_diff[...] += part[MK:]
+                self.reduce_lanes(parts)
+
+    # -- the step plan's per-image calls (minicaffe/parallel/plan.py) -----------------------------
+    def lanes_ok(self, bottom, top):
+        """One bottom whose whole batch of columns fits COL_LIMIT (one round: a lane's chunk is
+        its slice of the batch, and its columns stay in its buffer for backward)."""
+        if len(bottom) != 1:
+            return False
+        n, per_image = bottom[0].shape[0], self.channels * self.kh * self.kw * self.out_h * self.out_w
+        return n * per_image <= COL_LIMIT
+
+    def prepare_lanes(self, bottom, top, parts, propagate_down):
+        key = ("lanes", tuple(parts))  # the lanes' column buffers hold im2col of these slices
+        if propagate_down is None:
+            self._reserve(parts, gemm=not self._direct)
+            self._col_key = None if (self._direct or self.recompute) else key
+        else:
+            self._reserve(parts, gemm=not (self._direct and self.param_propagate_down[0]) or propagate_down[0])
+            self._lanes_reuse = self._col_key == key
+            self._col_key = None if propagate_down[0] else self._col_key  # d(col) overwrites the columns
+
+    def forward_images(self, lane, a, b, bottom, top):
+        self._forward_chunk(lane, bottom[0].dev_data[a:b], top[0].dev_data[a:b])
+
+    def backward_images(self, lane, a, b, top, propagate_down, bottom):
+        if not (any(self.param_propagate_down) or propagate_down[0]):
+            return
+        dx = bottom[0].dev_diff[a:b] if propagate_down[0] else None
+        self._backward_chunk(lane, self._lanes_reuse, bottom[0].dev_data[a:b], top[0].dev_diff[a:b], dx)
+
+    def reduce_lanes(self, parts):
+        """The lanes' partial parameter gradients (lane k > 0: ``_dparams`` block k-1) added into
+        the parameter diffs, in lane order."""
+        M = self.num_output
+        MK = M * (self.channels // self.group) * self.kh * self.kw
+        for k in range(1, len(parts)):
+            part = self._dparams.part(k - 1, MK + M)
+            if self.param_propagate_down[0]:
+                self.blobs[0].dev_diff.reshape(-1)[...] += part[:MK]
+            if self.bias_term and self.param_propagate_down[1]:
+                self.blobs[1].dev_diff[...] += part[MK:]

@@ -106,32 +106,41 @@ class Pooling(Layer):
             out -= 1  # the last window would start in the trailing padding (or past the image)
         return out
 
-    # Images are independent: the batch is split across the lanes (minicaffe/parallel/lanes.py).
+    # Images are independent: a layer call splits the batch across the lanes
+    # (minicaffe/parallel/lanes.py), and the step plan runs pooling inside its lanes' segments
+    # (minicaffe/parallel/plan.py); both call forward_images / backward_images on slices.
     def forward(self, bottom, top):
-        x, y = bottom[0].dev_data, top[0].dev_data
-        geo = (self.kh, self.kw, self.sh, self.sw, self.ph, self.pw)
-        if self.method == "MAX":
-            mask = self._mask[: top[0].count].reshape(top[0].shape)
-            lanes.batch(
-                x.shape[0], lambda a, b: self.backend.max_pool_fwd(x[a:b], *geo, y[a:b], mask[a:b]), bottom[0].count
-            )
-            if len(top) > 1:
-                top[1].dev_data[...] = mask
-        else:
-            lanes.batch(x.shape[0], lambda a, b: self.backend.ave_pool_fwd(x[a:b], *geo, y[a:b]), bottom[0].count)
+        lanes.batch(bottom[0].shape[0], lambda a, b: self.forward_images(0, a, b, bottom, top), bottom[0].count)
+        if len(top) > 1:
+            top[1].dev_data[...] = self._mask[: top[0].count].reshape(top[0].shape)
 
     def backward(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        dy, dx = top[0].dev_diff, bottom[0].dev_diff
+        if propagate_down[0]:
+            n = bottom[0].shape[0]
+            lanes.batch(n, lambda a, b: self.backward_images(0, a, b, top, propagate_down, bottom), bottom[0].count)
+
+    def lanes_ok(self, bottom, top):
+        return len(top) == 1  # the argmax-mask top is copied whole, after the lanes
+
+    def forward_images(self, lane, a, b, bottom, top):
+        x, y = bottom[0].dev_data[a:b], top[0].dev_data[a:b]
         geo = (self.kh, self.kw, self.sh, self.sw, self.ph, self.pw)
         if self.method == "MAX":
-            mask = self._mask[: top[0].count].reshape(top[0].shape)
-            lanes.batch(
-                dx.shape[0], lambda a, b: self.backend.max_pool_bwd(dy[a:b], mask[a:b], *geo, dx[a:b]), bottom[0].count
-            )
+            mask = self._mask[: top[0].count].reshape(top[0].shape)[a:b]
+            self.backend.max_pool_fwd(x, *geo, y, mask)
         else:
-            lanes.batch(dx.shape[0], lambda a, b: self.backend.ave_pool_bwd(dy[a:b], *geo, dx[a:b]), bottom[0].count)
+            self.backend.ave_pool_fwd(x, *geo, y)
+
+    def backward_images(self, lane, a, b, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dy, dx = top[0].dev_diff[a:b], bottom[0].dev_diff[a:b]
+        geo = (self.kh, self.kw, self.sh, self.sw, self.ph, self.pw)
+        if self.method == "MAX":
+            mask = self._mask[: top[0].count].reshape(top[0].shape)[a:b]
+            self.backend.max_pool_bwd(dy, mask, *geo, dx)
+        else:
+            self.backend.ave_pool_bwd(dy, *geo, dx)
 
 
 def _given(p, field):

@@ -22,3 +22,15 @@ class ReLU(Neuron):
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             self.backend.relu_bwd(bottom[0].dev_flat_data, top[0].dev_flat_diff, self.slope, bottom[0].dev_flat_diff)
+
+    # elementwise: images [a, b) are a slice of the flat arrays (the step plan's lanes)
+    def lanes_ok(self, bottom, top):
+        return bottom[0].num_axes > 0
+
+    def forward_images(self, lane, a, b, bottom, top):
+        self.backend.relu_fwd(bottom[0].dev_data[a:b].reshape(-1), self.slope, top[0].dev_data[a:b].reshape(-1))
+
+    def backward_images(self, lane, a, b, top, propagate_down, bottom):
+        if propagate_down[0]:
+            x, dx = bottom[0].dev_data[a:b].reshape(-1), bottom[0].dev_diff[a:b].reshape(-1)
+            self.backend.relu_bwd(x, top[0].dev_diff[a:b].reshape(-1), self.slope, dx)

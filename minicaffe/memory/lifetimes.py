@@ -5,6 +5,8 @@ One iteration of a net with L layers is 2L *steps*::
     step i          = forward of layer i               (i = 0 .. L-1)
     step 2L-1-i     = backward of layer i              (only if the layer needs backward)
 
+except that the layers of one segment of the step plan share one step each way (``steps``).
+
 A *buffer* is one flat array the planner may place: a blob's data, a blob's diff, or a layer's
 scratch array (Convolution's im2col columns, Pooling's argmax mask).  Its *lifetime* is a list of
 step intervals ``[(first, last), ...]``: the contents written at ``first`` must survive until
@@ -85,10 +87,20 @@ class Buffer:
         )
 
 
-def steps(net):
-    """(number of steps, forward step of layer i, backward step of layer i) of one iteration."""
+def steps(net, segments=None):
+    """(number of steps, forward step of layer i, backward step of layer i) of one iteration.
+
+    A segment of the net's step plan (minicaffe/parallel/plan.py: consecutive per-image layers
+    that the lanes run as one task, lane 0 perhaps layers ahead of lane 1) is ONE step forward
+    (its first layer's) and ONE step backward (its last layer's): every buffer it touches is
+    live at that step, so none of them share bytes.  ``segments``: those to count (default: the
+    ones the net runs in lanes now; none with one lane)."""
     L = len(net.layers)
-    return 2 * L, (lambda i: i), (lambda i: 2 * L - 1 - i)
+    first, last = list(range(L)), list(range(L))
+    for a, b in net.step_plan().running() if segments is None else segments:
+        for i in range(a, b + 1):
+            first[i], last[i] = a, b
+    return 2 * L, (lambda i: first[i]), (lambda i: 2 * L - 1 - last[i])
 
 
 def _interval(uses):
@@ -120,7 +132,8 @@ def net_buffers(net, params=True, backward=True):
     diffs nobody writes are never live.
     Scratch sizes are what the layers hold now: run the net once first (``dry_run``).
     """
-    n_steps, fwd, bwd = steps(net)
+    # the segments that run in lanes now, and from now on no other (plan.limit_to_running)
+    n_steps, fwd, bwd = steps(net, net.step_plan().limit_to_running())
     param_ids = set()
     for layer in net.layers:
         for b in layer.blobs:

@@ -130,7 +130,7 @@ class NetPlan:
     def __init__(self, net, buffers, unplanned=0):
         self.net = net
         self.buffers = buffers
-        self.n_steps = steps(net)[0]
+        self.n_steps, self._fwd, self._bwd = steps(net)  # as net_buffers counted them
         self.size = place(buffers)
         self.peak = peak_bytes(buffers, self.n_steps)
         self.naive = sum(b.nbytes for b in buffers)
@@ -187,7 +187,7 @@ class NetPlan:
         """One iteration of the net (its own loop), poisoning the dead bytes before every step
         through the net's hooks; returns the loss."""
         net = self.net
-        _, fwd, bwd = steps(net)
+        fwd, bwd = self._fwd, self._bwd
         with net.add_hooks(before_forward=lambda i: self.poison(fwd(i)), before_backward=lambda i: self.poison(bwd(i))):
             return net.forward_backward()
 

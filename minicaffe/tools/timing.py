@@ -14,6 +14,13 @@ layer's bytes (forward: its bottoms read and tops written; backward: its top dif
 its backward reads, its bottom diffs written) at the fastest stream rate measured here for that
 many bytes.  ``% roof`` = floor / time: 100% is the machine's limit for that layer.  Layers with
 no floor (data layers) show ``-``.
+
+With more than one lane the net runs its step plan (minicaffe/parallel/plan.py): a segment of
+per-image layers is one task per lane, so a layer inside it has no call of its own to time on
+the calling thread.  Its time is then measured inside each lane, and the slowest lane's is shown
+(marked ``*`` after its share); each segment gets a line of its own with its wall time and the rest of it, the
+hand-off (starting and joining the lanes, the lanes waiting for each other).  ``--no-plan`` times
+every layer call on its own instead, as the net runs without the plan.
 """
 
 import argparse
@@ -39,6 +46,11 @@ def build_parser():
         "python -m minicaffe.train does); BLAS runs cores / lanes threads",
     )
     p.add_argument("--no-roofline", action="store_true", help="do not measure the machine's ceilings")
+    p.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="run without the step plan: every layer one call, split over the lanes on its own",
+    )
     return p
 
 
@@ -119,9 +131,13 @@ def floors(net, lanes_used):
     return out, line
 
 
-def time_layers(net, iterations, warmup=5):
-    """{layer index: ([forward seconds], [backward seconds])} and the per-iteration totals,
-    timed around each layer by the net's hooks (the net runs its own loop)."""
+def time_layers(net, iterations, warmup=5, segments_out=None):
+    """{layer index: ([forward seconds], [backward seconds])} and the per-iteration totals.
+
+    A layer outside a segment of the step plan is timed around its call by the net's hooks; a
+    layer inside one by the plan, inside each lane (``StepPlan.record``): the slowest lane's
+    time.  ``segments_out``, a list, receives the segments with their wall times:
+    ((first, last), [forward seconds], [backward seconds])."""
     n = len(net.layers)
     fwd = [[] for _ in range(n)]
     bwd = [[] for _ in range(n)]
@@ -129,34 +145,64 @@ def time_layers(net, iterations, warmup=5):
     clock = time.perf_counter
     started = [0.0]
     times_f, times_b = [0.0] * n, [0.0] * n
+    plan = net.step_plan() if net.uses_step_plan() else None
+    segments = plan.segments if plan is not None else []
+    inside = {i for a, b in segments for i in range(a, b + 1)}
+    walls = [([], []) for _ in segments]
 
     def start(i):
         started[0] = clock()
 
     def stop_forward(i):
-        times_f[i] = clock() - started[0]
+        if i not in inside:
+            times_f[i] = clock() - started[0]
 
     def stop_backward(i):
-        times_b[i] = clock() - started[0]
+        if i not in inside:
+            times_b[i] = clock() - started[0]
 
-    with net.add_hooks(
-        before_forward=start, after_forward=stop_forward, before_backward=start, after_backward=stop_backward
-    ):
-        for it in range(warmup + iterations):
-            times_f[:] = [0.0] * n
-            times_b[:] = [0.0] * n
-            t_iter = clock()
-            net.forward_backward()
-            if it >= warmup:
+    if plan is not None:
+        plan.record = True
+    try:
+        with net.add_hooks(
+            before_forward=start, after_forward=stop_forward, before_backward=start, after_backward=stop_backward
+        ):
+            for it in range(warmup + iterations):
+                times_f[:] = [0.0] * n
+                times_b[:] = [0.0] * n
+                if plan is not None:
+                    plan.layer_times.clear()
+                    plan.segment_times.clear()
+                t_iter = clock()
+                net.forward_backward()
+                if it < warmup:
+                    continue
                 totals.append(clock() - t_iter)
+                if plan is not None:
+                    for (i, phase), per_lane in plan.layer_times.items():
+                        (times_f if phase == "forward" else times_b)[i] = max(per_lane)
+                    for k, (a, b) in enumerate(segments):
+                        for j, phase in enumerate(("forward", "backward")):
+                            per_layer = [
+                                plan.layer_times[(i, phase)] for i in range(a, b + 1) if (i, phase) in plan.layer_times
+                            ]
+                            slowest = max(map(sum, zip(*per_layer)), default=0.0)  # the slowest lane's layers
+                            wall = plan.segment_times.get((a, phase), 0.0)
+                            walls[k][j].append((wall, wall - slowest))
                 for i in range(n):
                     fwd[i].append(times_f[i])
                     bwd[i].append(times_b[i])
+    finally:
+        if plan is not None:
+            plan.record = False
+    if segments_out is not None:
+        segments_out.extend((seg, f, b) for seg, (f, b) in zip(segments, walls))
     return fwd, bwd, totals
 
 
-def report(net, fwd, bwd, totals, log, floor=None):
+def report(net, fwd, bwd, totals, log, floor=None, segments=()):
     med = statistics.median
+    inside = {i for (a, b), _, _ in segments for i in range(a, b + 1)}
     ms = lambda s: 1000 * s
     total_f = sum(med(f) for f in fwd)
     total_b = sum(med(b) for b in bwd)
@@ -172,10 +218,24 @@ def report(net, fwd, bwd, totals, log, floor=None):
             else:
                 pct = 100 * (fl[0] + fl[1]) / max(med(f) + med(b), 1e-12)
                 roof = f"  floor: {ms(fl[0] + fl[1]):8.3f} ms  % roof: {pct:3.0f}"
+        mark = "*" if i in inside else " "
         log(
             f"  {name:>{width}} {layer.type:<16} forward: {ms(med(f)):8.3f} ms  backward: {ms(med(b)):8.3f} ms"
-            f"  ({share:4.1f}%){roof}"
+            f"  ({share:4.1f}%){mark}{roof}"
         )
+    for (a, b), walls_f, walls_b in segments:
+        (wf, hf), (wb, hb) = ([med(x[j] for x in w) for j in (0, 1)] for w in (walls_f, walls_b))
+        log(
+            f"  * segment {net.layer_names[a]} .. {net.layer_names[b]} (the step plan: one task per lane): "
+            f"forward {ms(wf):.3f} ms, backward {ms(wb):.3f} ms wall, of which hand-off {ms(hf):.3f} + {ms(hb):.3f} ms"
+        )
+    if segments:
+        log(
+            "  * timed inside the lanes, the slowest lane's (layers of a segment have no call of their own; "
+            "--no-plan times each call)"
+        )
+        total_f += sum(med(x[0] for x in f) for _, f, _ in segments) - sum(med(fwd[i]) for i in inside)
+        total_b += sum(med(x[0] for x in b) for _, _, b in segments) - sum(med(bwd[i]) for i in inside)
     log(f"Average Forward pass: {ms(total_f):.3f} ms.")
     log(f"Average Backward pass: {ms(total_b):.3f} ms.")
     log(
@@ -188,32 +248,35 @@ def report(net, fwd, bwd, totals, log, floor=None):
 def main(argv=None):
     args = build_parser().parse_args(argv)
 
-    from ..parallel import blas, lanes
+    from ..parallel import blas, lanes, plan
 
     if args.lanes is None:
         args.lanes = blas.cores() if args.device == "cpu" else 1
     if args.lanes < 1:
         print(f"error: --lanes must be >= 1, got {args.lanes}", file=sys.stderr)
         return 1
-    saved = lanes.set_count(args.lanes), blas.get_threads()
+    saved = lanes.set_count(args.lanes), blas.get_threads(), plan.set_enabled(not args.no_plan)
     blas.set_threads(max(1, blas.cores() // args.lanes))
 
     def body(net, path, log):
         log(
             f"*** Benchmark begins *** {net.name} ({path}), {args.phase}, {args.warmup} warm-up + "
-            f"{args.iterations} timed iterations, {args.lanes} lane(s), BLAS threads {blas.get_threads()}"
+            f"{args.iterations} timed iterations, {args.lanes} lane(s), BLAS threads {blas.get_threads()}, "
+            f"step plan {'on' if net.uses_step_plan() else 'off'}"
         )
-        fwd, bwd, totals = time_layers(net, args.iterations, args.warmup)
+        segments = []
+        fwd, bwd, totals = time_layers(net, args.iterations, args.warmup, segments)
         floor = None
         if args.device == "cpu" and not args.no_roofline:
             floor, line = floors(net, args.lanes)
             log(line)
-        report(net, fwd, bwd, totals, log, floor)
+        report(net, fwd, bwd, totals, log, floor, segments)
         log("*** Benchmark ends ***")
 
     try:
         return run_net_tool(args, body)
     finally:
         lanes.set_count(saved[0])
+        plan.set_enabled(saved[2])
         if saved[1]:
             blas.set_threads(saved[1])

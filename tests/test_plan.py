@@ -1,0 +1,214 @@
+"""The step plan (minicaffe/parallel/plan.py): which layers form segments, that running them in
+lanes gives the layer-by-layer result (within the order of the weight-gradient sums), that the
+Net's hooks still see every layer with complete gradients, that a changed batch falls back to
+layer calls, and that memory counts a segment as one step."""
+
+import numpy as np
+import pytest
+
+import minicaffe as caffe
+from minicaffe.memory import lifetimes, plan_net
+from minicaffe.parallel import lanes, plan
+
+# LeNet's layers (AVE pooling and a second ReLU added, so both pooling kernels and an in-place
+# neuron run in lanes), fed by an Input layer; batch 7: the lanes' slices are unequal.
+NET = """
+name: "lenetish"
+layer { name: "in" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 7 dim: 1 dim: 16 dim: 16 } shape { dim: 7 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 5 weight_filler { type: "xavier" }
+                            bias_filler { type: "uniform" min: -0.1 max: 0.1 } } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
+        convolution_param { num_output: 6 kernel_size: 3 weight_filler { type: "xavier" }
+                            bias_filler { type: "uniform" min: -0.1 max: 0.1 } } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
+layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1"
+        inner_product_param { num_output: 12 weight_filler { type: "xavier" } bias_filler { type: "uniform" } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.fixture
+def restore():
+    saved = lanes.count(), plan.enabled()
+    yield
+    lanes.set_count(saved[0])
+    plan.set_enabled(saved[1])
+
+
+def _net(tmp_path, n=7, dtype=np.float64):
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET.replace("dim: 7", f"dim: {n}"))
+    caffe.set_random_seed(5)
+    net = caffe.Net(str(path), caffe.TRAIN, dtype=dtype)
+    g = np.random.default_rng(1)
+    net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
+    net.blobs["label"].data[...] = g.integers(0, 5, n)
+    return net
+
+
+def _step(net):
+    """Two forward-backward passes (the parameter gradients accumulate): loss, every top, every
+    blob's diff and every parameter's diff."""
+    net.clear_param_diffs()
+    loss = [net.forward_backward() for _ in range(2)]
+    out = [np.array(loss)]
+    out += [b.data.copy() for b in net.blob_list] + [b.diff.copy() for b in net.blob_list]
+    out += [p.diff.copy() for p in net.learnable_params]
+    return out
+
+
+def test_lenet_is_one_segment_from_conv1_to_ip2():
+    net = caffe.Net("nets/lenet_train_test.prototxt", caffe.TRAIN)
+    segs = net.step_plan().segments
+    assert [(net.layer_names[a], net.layer_names[b]) for a, b in segs] == [("conv1", "ip2")]
+    # the data layer, the loss (it sums over the batch) stay layer calls
+    assert net.step_plan().segment_of(0) is None and net.step_plan().segment_of(len(net.layers) - 1) is None
+
+
+@pytest.mark.parametrize("n_lanes", [2, 3])
+def test_plan_gives_the_layer_by_layer_result(tmp_path, restore, n_lanes):
+    net = _net(tmp_path)
+    lanes.set_count(1)
+    ref = _step(net)
+    lanes.set_count(n_lanes)
+    assert net.uses_step_plan()
+    got = _step(net)
+    plan.set_enabled(False)
+    assert not net.uses_step_plan()
+    by_layer = _step(net)
+    for r, g, b in zip(ref, got, by_layer):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(b, r, rtol=1e-12, atol=1e-13)
+
+
+def test_hooks_see_every_layer_once_with_complete_gradients(tmp_path, restore):
+    net = _net(tmp_path)
+    lanes.set_count(2)
+    _step(net)  # warm: the reference gradients of one pass
+    net.clear_param_diffs()
+    net.forward_backward()
+    want = [p.diff.copy() for p in net.learnable_params]
+    calls, seen = [], {}
+
+    def note(kind):
+        return lambda i: calls.append((kind, i))
+
+    def ready(i):  # wait-free backprop sends layer i's gradients here: they must be complete
+        calls.append(("after_backward", i))
+        for j in net.layer_param_indices[i]:
+            seen[j] = net.learnable_params[j].diff.copy()
+
+    net.clear_param_diffs()
+    with net.add_hooks(
+        before_forward=note("before_forward"),
+        after_forward=note("after_forward"),
+        before_backward=note("before_backward"),
+        after_backward=ready,
+    ):
+        net.forward_backward()
+    L = len(net.layers)
+    order = lambda kind: [i for k, i in calls if k == kind]  # noqa: E731
+    assert order("before_forward") == order("after_forward") == list(range(L))
+    back = [i for i in range(L - 1, -1, -1) if net.layer_need_backward[i]]
+    assert order("before_backward") == order("after_backward") == back
+    # each layer's before comes before its after, forward before backward
+    pos = {c: k for k, c in enumerate(calls)}
+    assert all(pos[("before_forward", i)] < pos[("after_forward", i)] for i in range(L))
+    assert all(pos[("after_forward", L - 1)] < pos[("before_backward", i)] for i in back)
+    assert sorted(seen) == list(range(len(want)))
+    for j, w in enumerate(want):
+        np.testing.assert_allclose(seen[j], w, rtol=1e-12, atol=1e-13)
+
+
+def test_a_batch_that_no_longer_splits_runs_layer_by_layer(tmp_path, restore):
+    """Batch 1 after the plan was built: nothing to split, the layers run one call each (and a
+    partial range runs its segments' layers one by one); results as with one lane."""
+    net = _net(tmp_path)
+    lanes.set_count(2)
+    _step(net)
+    net.blobs["data"].reshape(1, 1, 16, 16)
+    net.blobs["label"].reshape(1)
+    net.reshape()
+    net.blobs["data"].data[...] = 0.5
+    net.blobs["label"].data[...] = 2
+    got = _step(net)
+    lanes.set_count(1)
+    ref = _step(net)
+    for r, g in zip(ref, got):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-13)
+    lanes.set_count(2)
+    full = net.forward()["loss"].copy()
+    assert net.forward(end="pool2") and net.forward(start="ip1")["loss"] == pytest.approx(float(full))
+
+
+def test_memory_counts_a_segment_as_one_step(tmp_path, restore):
+    """Every buffer a segment touches is live at its one step (lane 0 may run layers ahead of
+    lane 1), so no two of them share bytes; the net then trains in its arena, dead bytes
+    poisoned before every step, as it did with its own arrays."""
+    net = _net(tmp_path, dtype=np.float32)
+    ((a, b),) = net.step_plan().segments
+    lanes.set_count(1)
+    assert lifetimes.steps(net)[1](b) == b  # one lane: every layer its own step
+    lanes.set_count(2)
+    n_steps, fwd, bwd = lifetimes.steps(net)
+    assert {fwd(i) for i in range(a, b + 1)} == {a}
+    assert {bwd(i) for i in range(a, b + 1)} == {n_steps - 1 - b}
+    ref = _step(net)
+    mem = plan_net(net)
+    mem.check()  # no two buffers live at one step share a byte
+    in_segment = [x for x in mem.buffers if x.nbytes and x.live_at(a)]
+    assert {"conv1.data", "pool1.data", "conv2.data", "ip2.data", "ip1:dparams"} <= {x.name for x in in_segment}
+    mem.allocate()
+    g = np.random.default_rng(1)
+    net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
+    net.blobs["label"].data[...] = g.integers(0, 5, 7)
+    net.clear_param_diffs()
+    losses = [mem.forward_backward_poisoned() for _ in range(2)]
+    np.testing.assert_allclose(losses, ref[0], rtol=1e-6)
+    for p, r in zip(net.learnable_params, ref[-len(net.learnable_params) :]):
+        np.testing.assert_allclose(p.diff, r, rtol=1e-5, atol=1e-6)
+
+
+def test_an_arena_planned_for_one_lane_never_runs_segments(tmp_path, restore):
+    """Planned at one lane (layers that follow each other may share bytes), the net must not
+    start running segments at two: it runs layer by layer, each call split on its own."""
+    net = _net(tmp_path, dtype=np.float32)
+    lanes.set_count(1)
+    ref = _step(net)
+    mem = plan_net(net)
+    mem.allocate()
+    lanes.set_count(2)
+    assert not net.uses_step_plan() and net.step_plan().segments == []
+    g = np.random.default_rng(1)
+    net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
+    net.blobs["label"].data[...] = g.integers(0, 5, 7)
+    net.clear_param_diffs()
+    losses = [mem.forward_backward_poisoned() for _ in range(2)]
+    np.testing.assert_allclose(losses, ref[0], rtol=1e-6)
+
+
+def test_time_tool_times_segment_layers_inside_the_lanes(tmp_path, restore, capsys):
+    from minicaffe.tools import timing
+
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET)
+    assert timing.main([str(path), "--iterations", "3", "--warmup", "1", "--lanes", "2", "--no-roofline"]) == 0
+    text = capsys.readouterr().out
+    assert "step plan on" in text
+    rows = {line.split()[1]: line for line in text.splitlines() if "forward:" in line and "segment" not in line}
+    assert "%)*" in rows["conv1"] and "%)*" in rows["ip2"] and "%)*" not in rows["loss"]
+    assert "segment conv1 .. ip2" in text and "hand-off" in text
+    assert plan.enabled() and lanes.count() == 1  # restored
+    assert (
+        timing.main([str(path), "--iterations", "3", "--warmup", "1", "--lanes", "2", "--no-roofline", "--no-plan"])
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "step plan off" in text and "* segment" not in text and "%)*" not in text
