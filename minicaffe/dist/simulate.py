@@ -21,6 +21,10 @@ The schedule is the only difference between the modes:
 - **with WFBP** layer l's sync is queued the moment layer l's backward ends, so it overlaps the
   backward of the layers below, and the next forward of layer l waits only for layer l's sync.
 
+Nodes that share one machine's cores (the emulated cluster: ``Host``) run the same two lanes
+as CPU work under processor sharing (``shared_schedule``): a node owns cores / P of the machine,
+the lanes busy at once split it, and a lane that only waits leaves its share idle.
+
 Time per iteration is the steady-state period of this schedule; the speedup on P nodes is
 P x (one node's time per iteration, compute + update) / (P nodes' time per iteration), with a
 fixed batch per node (weak scaling, as Poseidon reports it).
@@ -102,12 +106,14 @@ class Link:
 class Host:
     """The machine the nodes share, when they share one (the emulated cluster): ``cores``, and
     ``tcp_cpu``, the CPU seconds one byte moved from a node to another costs both ends together
-    (framing, the copies into and out of the kernel, TCP, veth; ``python -m
-    minicaffe.dist.linkcheck`` measures it). None (the default) for nodes with machines of their own."""
+    (framing, the copies into and out of the kernel, TCP, veth; measured in a training run by
+    ``benchmarks/poseidon.py --calibrate-bytes``, or ``python -m minicaffe.dist.linkcheck``'s
+    single stream). None (the default) for nodes with machines of their own. The costs from
+    training runs below: ``benchmarks/poseidon.py --calibrate-runs``."""
 
     cores: int
     tcp_cpu: float = 0.0
-    frame_cpu: float = 0.0  # CPU seconds a frame costs both ends beyond its bytes (linkcheck)
+    frame_cpu: float = 0.0  # CPU seconds a frame costs both ends beyond its bytes
     # CPU seconds each sync started inside the backward (WFBP) costs the node beyond its frames:
     # the switches between the compute thread, the senders, the receivers and the shard's or the
     # SFB thread that the interleaving brings, on cores every node process already keeps busy
@@ -147,11 +153,6 @@ class Host:
         (sent + received): half of each byte's and frame's cost is the sender's, half the receiver's;
         a limiter's, per frame sent, is the sender's alone."""
         return nbytes / 2 * self.tcp_cpu + frames / 2 * (self.frame_cpu + self.limiter_frame_cpu)
-
-    def share(self, nodes):
-        """How much slower each node computes when all compute at once: max(1, nodes / cores)
-        (one busy thread per node process: the launcher gives each node cores // nodes BLAS threads)."""
-        return max(1.0, nodes / self.cores)
 
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
