@@ -27,8 +27,11 @@ Columns: ms per iteration (global batch), images/s, speedup over "serial BLAS=al
 "serial BLAS=1" (the scaling per core, free of OpenBLAS's own threading), where the
 server's time goes per iteration (waiting for workers / reducing / applying the update), the
 workers' mean compute time, the arena (planned) vs one allocation per buffer (naive) in MiB, and
-the process's peak RSS; for the runtime also each worker's mean wait for the other workers'
-gradients (sync) and its share of the sharded update.  The workers' replicas keep im2col's
+the process's peak RSS, and "steal": the ms per iteration that the hypervisor gave the
+machine's cores to other guests while the row was timed (a virtual machine's /proc/stat;
+workers wait for each other every iteration, so steal on either core stalls both, and a
+row with steal well above the others' was disturbed); for the runtime also each worker's mean
+wait for the other workers' gradients (sync) and its share of the sharded update.  The workers' replicas keep im2col's
 columns from forward to backward, as the train tool's do (the arena row recomputes them).  The plot (benchmarks/parallel_scaling.png) shows images/s against
 workers for each net, with the serial baselines as horizontal lines.
 """
@@ -44,6 +47,18 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NETS = {"lenet": "lenet_solver.prototxt", "cifar10_quick": "cifar10_quick_solver.prototxt"}
+
+
+def steal_ms():
+    """CPU time the hypervisor gave to other guests, summed over this machine's cores, in ms
+    (Linux /proc/stat; 0 where it is not reported).  Two workers wait for each other every step,
+    so a core taken away from one stalls both: a row with much steal is a disturbed row."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) * 1000.0 / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def child(cfg):
@@ -90,12 +105,14 @@ def child(cfg):
         out["planned"], out["naive"] = mem["planned"], mem["naive"]
     run(cfg["warmup"])
     times, stats = [], []
+    steal0 = steal_ms()
     for _ in range(cfg["repeats"]):
         t0 = time.perf_counter()
         run(cfg["iters"])
         times.append((time.perf_counter() - t0) / cfg["iters"])
         if mode != "serial":
             stats.append(trainer.stats())
+    out["steal"] = (steal_ms() - steal0) / (cfg["repeats"] * cfg["iters"])
     out["ms"] = 1000 * statistics.median(times)
     out["ms_all"] = [1000 * t for t in times]
     if stats:
@@ -152,7 +169,7 @@ def table(results, cores):
         lines.append(
             f"  {'configuration':31s} {'ms/iter':>8s} {'img/s':>7s} {'speedup':>7s} {'vs 1thr':>7s} "
             f"{'srv wait':>8s} {'reduce':>7s} {'update':>7s} {'worker':>7s} {'w sync':>7s} {'w upd':>7s} "
-            f"{'arena MiB':>9s} {'naive MiB':>9s} {'RSS MiB':>8s}"
+            f"{'arena MiB':>9s} {'naive MiB':>9s} {'RSS MiB':>8s} {'steal':>6s}"
         )
         for r in rows:
             ips = r["batch"] / (r["ms"] / 1000)
@@ -162,7 +179,7 @@ def table(results, cores):
                 f"  {row_label(r['cfg']):31s} {r['ms']:8.2f} {ips:7.0f} {base['ms'] / r['ms']:6.2f}x "
                 f"{one['ms'] / r['ms']:6.2f}x {f('server_wait'):>8s} {f('server_reduce')} {f('server_update')} "
                 f"{f('worker_compute')} {f('worker_sync')} {f('worker_update')} "
-                f"{planned} {r['naive'] / 2**20:9.2f} {r['rss'] / 2**20:8.1f}"
+                f"{planned} {r['naive'] / 2**20:9.2f} {r['rss'] / 2**20:8.1f} {r.get('steal', 0.0):6.2f}"
             )
     return "\n".join(lines)
 
@@ -255,7 +272,7 @@ def main(argv=None):
             r = launch(cfg, threads)
             print(
                 f"  round {rnd + 1} {cfg['net']:14s} {row_label(cfg):31s} {r['ms']:8.2f} ms/iter  (runs: "
-                f"{', '.join(f'{x:.1f}' for x in r['ms_all'])})",
+                f"{', '.join(f'{x:.1f}' for x in r['ms_all'])}; steal {r.get('steal', 0.0):.2f} ms/iter)",
                 flush=True,
             )
             got.append(r)
