@@ -33,12 +33,21 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-MODES = [("ps", "off"), ("ps", "on"), ("sfb", "off"), ("sfb", "on"), ("hybrid", "off"), ("hybrid", "on")]
+# comm x --wfbp; the last is the default of python -m minicaffe.train (hybrid, --wfbp auto)
+MODES = [
+    ("ps", "off"),
+    ("ps", "on"),
+    ("sfb", "off"),
+    ("sfb", "on"),
+    ("hybrid", "off"),
+    ("hybrid", "on"),
+    ("hybrid", "auto"),
+]
 DELAY = "0.1ms"
 
 
 def label(comm, wfbp):
-    return f"{comm}{'+WFBP' if wfbp == 'on' else ''}"
+    return f"{comm}{'+WFBP' if wfbp == 'on' else '+auto' if wfbp == 'auto' else ''}"
 
 
 def synthetic_solver(net, workdir, iters, batch=None):
@@ -127,6 +136,7 @@ def parse_run(out, batch, nodes, warmup=2):
         "seconds_per_iter": per_iter,
         "images_per_s": batch / per_iter,
         "bytes_per_iter": sum(l["measured_bytes"] for l in pos["layers"].values()),
+        "wfbp_on": bool(dist.get("wfbp")),  # what --wfbp resolved to (auto: cost.wfbp_auto)
         "wait_share": waited / busy if busy > 0 else 0.0,
         "layers": pos["layers"],
         "timeline": pos["timeline"],
@@ -688,7 +698,7 @@ def slim(results, clocks=2):
 def table(results):
     lines = [
         f"{'net':<16} {'P':>2} {'link':>7} {'mode':<12} {'images/s':>9} {'ms/iter':>9} {'MB/iter':>8} "
-        f"{'waiting':>8} {'vs PS':>6}  buckets runs"
+        f"{'waiting':>8} {'vs PS':>6}  buckets runs  WFBP  SFB layers"
     ]
     for key, r in results.items():
         net, nodes, link, comm, wfbp = key.split("|")
@@ -700,9 +710,17 @@ def table(results):
         lines.append(
             f"{net:<16} {nodes:>2} {link:>7} {label(comm, wfbp):<12} {r['images_per_s']:>9.1f} "
             f"{1e3 * r['seconds_per_iter']:>9.1f} {r['bytes_per_iter'] / 1e6:>8.2f} {100 * r['wait_share']:>7.0f}% "
-            f"{ratio:>5.2f}x  {bucket_tag(r):>7} {len(r.get('repeats_s') or [0]):>4}"
+            f"{ratio:>5.2f}x  {bucket_tag(r):>7} {len(r.get('repeats_s') or [0]):>4}  {wfbp_tag(r, wfbp):<4}  "
+            + (",".join(n for n, l in r.get("layers", {}).items() if l.get("method") == "sfb") or "-")
         )
     return "\n".join(lines)
+
+
+def wfbp_tag(r, wfbp):
+    """'on'/'off': what the run's --wfbp resolved to (auto: cost.wfbp_auto on its node 0)."""
+    if "wfbp_on" in r:
+        return "on" if r["wfbp_on"] else "off"
+    return wfbp if wfbp != "auto" else "?"
 
 
 def bucket_tag(r):
@@ -914,6 +932,8 @@ def main(argv=None):
         if "error" in r or calib is None:
             continue
         net, nodes, link, comm, wfbp = key.split("|")
+        if wfbp == "auto":  # what the run resolved it to
+            wfbp = wfbp_tag(r, wfbp)
         lat = r.get("latency", DELAY)
         # (runs from before gradient buckets have no bucket_kb: every blob was its own)
         run = (calib, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), lat, r.get("bucket_kb", 0))
