@@ -177,7 +177,8 @@ def cpu_table(results):
         f"{'net':<16} {'P':>2} {'link':>7} {'mode':<12} {'ms/iter':>8} {'compute':>8} {'shard':>7} {'sfb':>7} "
         f"{'other':>7} {'(sys)':>7} {'cores busy':>10}"
     ]
-    for key, r in results.items():
+    for key in ordered(results):
+        r = results[key]
         cpu = r.get("cpu")
         if not cpu or "machine" not in cpu:
             continue
@@ -700,7 +701,8 @@ def table(results):
         f"{'net':<16} {'P':>2} {'link':>7} {'mode':<12} {'images/s':>9} {'ms/iter':>9} {'MB/iter':>8} "
         f"{'waiting':>8} {'vs PS':>6}  buckets runs  WFBP  SFB layers"
     ]
-    for key, r in results.items():
+    for key in ordered(results):
+        r = results[key]
         net, nodes, link, comm, wfbp = key.split("|")
         if "error" in r:
             lines.append(f"{net:<16} {nodes:>2} {link:>7} {label(comm, wfbp):<12} failed: {r['error'][-120:]!r}")
@@ -714,6 +716,15 @@ def table(results):
             + (",".join(n for n, l in r.get("layers", {}).items() if l.get("method") == "sfb") or "-")
         )
     return "\n".join(lines)
+
+
+def ordered(results):
+    """The keys grouped by (net, nodes, link) in order of first appearance, modes as MODES."""
+    groups = {}
+    for key in results:
+        groups.setdefault(tuple(key.split("|")[:3]), []).append(key)
+    rank = {f"{c}|{w}": i for i, (c, w) in enumerate(MODES)}
+    return [k for g in groups.values() for k in sorted(g, key=lambda k: rank.get("|".join(k.split("|")[3:]), 99))]
 
 
 def wfbp_tag(r, wfbp):
