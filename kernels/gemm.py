@@ -8,9 +8,9 @@ Contract (docs/ARCHITECTURE.md, "Kernels"):
     c may overlap a or b (each version copies an input that aliases the output first).
 
 Versions:
-  blas           numpy.matmul on OpenBLAS, with out=c so the product lands in c with no
+  blas           OpenBLAS through numpy.dot, with out=c so the product lands in c with no
                  temporary (alpha == 1, beta == 0: the engine's common case); transposes are
-                 passed to BLAS as flags on views, never copied.  The engine's default.
+                 passed to BLAS as flags on views, never copied.  The vendor baseline.
   v1_naive       for i, j: for p: dot product.  B is walked down a column (stride N): every
                  load a cache miss once N*4 bytes exceed a page, no vectorization.
   v2_reordered   for i, p, j: the inner loop is c[i, :] += a[i, p] * b[p, :], unit stride on
@@ -29,9 +29,17 @@ Versions:
                  transposed packing and no horizontal sums.  ~2/3 of OpenBLAS on one core.
   v4_prange      v3 with the columns of C split across cores in one parallel region (opt-in:
                  numba's workqueue threading layer cannot run two parallel regions at once).
+  v5_wide        tiles sized for 32 vector registers (AVX-512, which LLVM uses on such CPUs):
+                 the AXPY kernel with eight values of k per pass, and a 5 x 4 dot-product tile
+                 (20 accumulators) run straight on the caller's rows when A and B^T both run
+                 along k -- no packing.  That second kernel beats OpenBLAS by 1.3-1.6x on the
+                 convolutions' weight gradients (k = the batch's pixels) and LeNet's ip1.
+  auto           the engine's default: v5's dot-product kernel where it wins (op(b) = b^T,
+                 contiguous rows, k >= DOT_MIN_K, AVX-512), ``blas`` everywhere else.
 See docs/KERNELS.md for the story and the numbers.
 """
 
+import os
 import threading
 
 import numpy as np
@@ -492,6 +500,147 @@ def _gemm_v3_micro(alpha, a, ta, b, tb, beta, C):
         _gemm_micro_cols(alpha, a, ta, b, tb, C, j_lo, N)
 
 
+# -- v5: register tiles for 32 vector registers -------------------------------------------------
+# v3's tiles were sized for AVX2's 16 registers.  With AVX-512 (32 registers, which LLVM also uses
+# for 256-bit code), each kernel can carry twice the work per load and store:
+#   AXPY form (op(B) = B): four rows of C and EIGHT values of k per pass -- each vector load and
+#       store of C now carries eight FMAs, each load of B four;
+#   dot-product form (op(B) = B^T with A's and B's rows both along k): a 5 x 4 tile, 20
+#       accumulators, 9 vector loads per 20 FMAs; no packing at all, since both operands already
+#       run along k (a convolution's weight gradient dY @ col^T: K is the batch's pixels, 2048+).
+# On the convolution shapes of LeNet and CIFAR-10 these beat OpenBLAS (docs/KERNELS.md); on large
+# square products, where OpenBLAS's packed kernels reach the machine's peak, they do not.
+NB5, KB5 = 2048, 64  # AXPY blocks: C[4 rows, NB5] (32 KB) stays in L1; B[KB5, NB5] (512 KB) in L2
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _axpy8_block(alpha, a, b, C, j0, j1, p0, p1):
+    """C[:, j0:j1] += alpha * A[:, p0:p1] @ B[p0:p1, j0:j1] (A untransposed): ``_axpy_block``
+    with eight values of k per pass over four whole rows of C; the last M % 4 rows and
+    (p1 - p0) % 8 values of k go to ``_axpy_block``.  A's values are read through slices of its
+    rows (indices provably >= 0: no negative-index fix-up around the 32 loads)."""
+    M = C.shape[0]
+    M4 = M - M % 4
+    p8 = p1 - (p1 - p0) % 8
+    w = j1 - j0
+    for i0 in range(0, M4, 4):
+        c0, c1, c2, c3 = C[i0, j0:j1], C[i0 + 1, j0:j1], C[i0 + 2, j0:j1], C[i0 + 3, j0:j1]
+        for p in range(p0, p8, 8):
+            b0, b1, b2, b3 = b[p, j0:j1], b[p + 1, j0:j1], b[p + 2, j0:j1], b[p + 3, j0:j1]
+            b4, b5, b6, b7 = b[p + 4, j0:j1], b[p + 5, j0:j1], b[p + 6, j0:j1], b[p + 7, j0:j1]
+            a0, a1, a2, a3 = a[i0, p : p + 8], a[i0 + 1, p : p + 8], a[i0 + 2, p : p + 8], a[i0 + 3, p : p + 8]
+            x00, x01, x02, x03 = alpha * a0[0], alpha * a0[1], alpha * a0[2], alpha * a0[3]
+            x04, x05, x06, x07 = alpha * a0[4], alpha * a0[5], alpha * a0[6], alpha * a0[7]
+            x10, x11, x12, x13 = alpha * a1[0], alpha * a1[1], alpha * a1[2], alpha * a1[3]
+            x14, x15, x16, x17 = alpha * a1[4], alpha * a1[5], alpha * a1[6], alpha * a1[7]
+            x20, x21, x22, x23 = alpha * a2[0], alpha * a2[1], alpha * a2[2], alpha * a2[3]
+            x24, x25, x26, x27 = alpha * a2[4], alpha * a2[5], alpha * a2[6], alpha * a2[7]
+            x30, x31, x32, x33 = alpha * a3[0], alpha * a3[1], alpha * a3[2], alpha * a3[3]
+            x34, x35, x36, x37 = alpha * a3[4], alpha * a3[5], alpha * a3[6], alpha * a3[7]
+            for j in range(w):
+                u0, u1, u2, u3, u4, u5, u6, u7 = b0[j], b1[j], b2[j], b3[j], b4[j], b5[j], b6[j], b7[j]
+                c0[j] += x00 * u0 + x01 * u1 + x02 * u2 + x03 * u3 + x04 * u4 + x05 * u5 + x06 * u6 + x07 * u7
+                c1[j] += x10 * u0 + x11 * u1 + x12 * u2 + x13 * u3 + x14 * u4 + x15 * u5 + x16 * u6 + x17 * u7
+                c2[j] += x20 * u0 + x21 * u1 + x22 * u2 + x23 * u3 + x24 * u4 + x25 * u5 + x26 * u6 + x27 * u7
+                c3[j] += x30 * u0 + x31 * u1 + x32 * u2 + x33 * u3 + x34 * u4 + x35 * u5 + x36 * u6 + x37 * u7
+    if p8 < p1 and M4 > 0:  # the last (p1 - p0) % 8 values of k
+        _axpy_block(alpha, a[:M4], False, b, C[:M4], j0, j1, p8, p1)
+    if M4 < M:  # the last M % 4 rows
+        _axpy_block(alpha, a[M4:], False, b, C[M4:], j0, j1, p0, p1)
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _gemm_axpy8(alpha, a, b, C, j_lo, j_hi):
+    """C[:, j_lo:j_hi] += alpha * A @ B in NB5 x KB5 blocks of B."""
+    K = b.shape[0]
+    for j0 in range(j_lo, j_hi, NB5):
+        j1 = min(j0 + NB5, j_hi)
+        for p0 in range(0, K, KB5):
+            _axpy8_block(alpha, a, b, C, j0, j1, p0, min(p0 + KB5, K))
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"}, inline="always")
+def _dot_tile_5x4(a0, a1, a2, a3, a4, b0, b1, b2, b3, K):
+    """The 5 x 4 tile of dot products dot(a_i[:K], b_j[:K]): 20 accumulators, which with
+    reassociation LLVM turns into 20 vector registers (9 vector loads per 20 FMAs); returned as
+    five rows of four.  Shared with kernels.conv's direct weight gradient."""
+    z = a0.dtype.type(0)
+    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = s20 = s21 = s22 = s23 = z
+    s30 = s31 = s32 = s33 = s40 = s41 = s42 = s43 = z
+    for p in range(K):
+        u, v, e, f = b0[p], b1[p], b2[p], b3[p]
+        x = a0[p]
+        s00 += x * u
+        s01 += x * v
+        s02 += x * e
+        s03 += x * f
+        x = a1[p]
+        s10 += x * u
+        s11 += x * v
+        s12 += x * e
+        s13 += x * f
+        x = a2[p]
+        s20 += x * u
+        s21 += x * v
+        s22 += x * e
+        s23 += x * f
+        x = a3[p]
+        s30 += x * u
+        s31 += x * v
+        s32 += x * e
+        s33 += x * f
+        x = a4[p]
+        s40 += x * u
+        s41 += x * v
+        s42 += x * e
+        s43 += x * f
+    return (
+        (s00, s01, s02, s03),
+        (s10, s11, s12, s13),
+        (s20, s21, s22, s23),
+        (s30, s31, s32, s33),
+        (s40, s41, s42, s43),
+    )
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
+def _dots_5x4(alpha, a, b, C, j_lo, j_hi):
+    """C[i, j] += alpha * dot(a[i], b[j]) for j in [j_lo, j_hi): rows of a (M, K) and b (N, K)
+    both run along k.  Tiles of 5 rows of a x 4 rows of b; edge tiles repeat their last row
+    (computed, not stored).  The four rows of b stay in L1 while all of a's row blocks stream
+    past them from L2."""
+    M, K = a.shape
+    for j0 in range(j_lo, j_hi, 4):
+        n = min(4, j_hi - j0)
+        b0, b1 = b[j0], b[j0 + min(1, n - 1)]
+        b2, b3 = b[j0 + min(2, n - 1)], b[j0 + min(3, n - 1)]
+        for i0 in range(0, M, 5):
+            r = min(5, M - i0)
+            a0, a1, a2 = a[i0], a[i0 + min(1, r - 1)], a[i0 + min(2, r - 1)]
+            a3, a4 = a[i0 + min(3, r - 1)], a[i0 + min(4, r - 1)]
+            tile = _dot_tile_5x4(a0, a1, a2, a3, a4, b0, b1, b2, b3, K)
+            for ii in range(r):
+                row = C[i0 + ii]
+                for jj in range(n):
+                    row[j0 + jj] += alpha * tile[ii][jj]
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
+def _gemm_v5_wide(alpha, a, ta, b, tb, beta, C):
+    """The AXPY kernel with eight values of k per pass for an untransposed B (a transposed A is
+    copied untransposed first: M*K values against M*N*K multiply-adds); the 5 x 4 dot-product
+    kernel, unpacked, when A and B^T both run along k; otherwise v3's packed path."""
+    _scale_rows(beta, C)
+    M, N, K = _dims(a, ta, b, tb)
+    j_lo = N - N
+    if not tb:
+        _gemm_axpy8(alpha, np.ascontiguousarray(a.T) if ta else a, b, C, j_lo, N)
+    elif not ta:
+        _dots_5x4(alpha, a, b, C, j_lo, N)
+    else:
+        _gemm_micro_cols(alpha, a, ta, b, tb, C, j_lo, N)
+
+
 # -- v4: v3 across cores ----------------------------------------------------------------------
 @njit(nogil=True, cache=True, parallel=True, fastmath={"reassoc", "contract", "nsz"})
 def _gemm_v4_prange_T(alpha, a, ta, b, tb, beta, C, T):
@@ -517,6 +666,64 @@ def _gemm_v4_prange(alpha, a, ta, b, tb, beta, C):
     _gemm_v4_prange_T(alpha, a, ta, b, tb, beta, C, get_num_threads())
 
 
+# -- auto: the engine's default -------------------------------------------------------------------
+#: shortest k for which v5's dot-product kernel runs in place of BLAS (its 20 horizontal sums per
+#: tile are paid back over a long k), and whether this CPU has the 32 vector registers its tile
+#: needs (AVX-512; with 16 it spills and loses to BLAS)
+DOT_MIN_K = 256
+#: fewest elements of c for it: on a tiny product (LeNet's ip2, 64 x 10) BLAS is faster
+DOT_MIN_C = 4096
+
+
+def _has_avx512():
+    try:
+        from llvmlite import binding
+
+        return bool(binding.get_host_cpu_features().get("avx512f", False))
+    except Exception:  # pragma: no cover  (an llvmlite without the query: be conservative)
+        return False
+
+
+WIDE_TILES = _has_avx512()
+#: threads OpenBLAS runs: auto's kernel is serial, so it stands in for BLAS only when BLAS runs
+#: one thread too (``minicaffe.parallel.blas.set_threads`` reports each change here)
+_blas_threads = [int(os.environ.get("OPENBLAS_NUM_THREADS", "0") or 0) or os.cpu_count() or 1]
+
+
+def note_blas_threads(n):
+    """Tell ``gemm_auto`` that OpenBLAS now runs ``n`` threads."""
+    _blas_threads[0] = max(1, int(n))
+
+
+def gemm_auto(trans_a, trans_b, alpha, a, b, beta, c):
+    """BLAS, except where v5's unpacked dot-product kernel measured faster than OpenBLAS: op(b) =
+    b^T with a and b both C-contiguous and running along a long k (a convolution's weight
+    gradient dY @ col^T, an inner product's X @ W^T), on a CPU with 32 vector registers, while
+    BLAS runs one thread (a lane's or a worker's GEMMs; with more, BLAS's threads win).  On
+    LeNet's conv2 weight gradient (50 x 500, k = 2048 per lane) 99 against OpenBLAS's 64 GFLOP/s
+    (docs/KERNELS.md); c, beta and alpha as every version takes them."""
+    if (
+        WIDE_TILES
+        and _blas_threads[0] == 1
+        and trans_b
+        and not trans_a
+        and a.ndim == b.ndim == c.ndim == 2
+        and a.shape[1] >= DOT_MIN_K
+        and c.size >= DOT_MIN_C
+        and a.dtype == b.dtype == c.dtype
+        and c.dtype in (np.float32, np.float64)
+        and a.flags.c_contiguous
+        and b.flags.c_contiguous
+        and c.flags.c_contiguous
+        and not np.may_share_memory(a, c)
+        and not np.may_share_memory(b, c)
+    ):
+        check_operands(trans_a, trans_b, a, b, c)
+        _gemm_v5_wide(c.dtype.type(alpha), a, False, b, True, c.dtype.type(beta), c)
+        return
+    gemm_blas(trans_a, trans_b, alpha, a, b, beta, c)
+
+
 VERSIONS = {
     "gemm": {
         "blas": gemm_blas,
@@ -524,9 +731,11 @@ VERSIONS = {
         "v2_reordered": _numba_gemm(_gemm_v2_reordered),
         "v3_micro": _numba_gemm(_gemm_v3_micro),
         "v4_prange": _numba_gemm(_gemm_v4_prange),
+        "v5_wide": _numba_gemm(_gemm_v5_wide),
+        "auto": gemm_auto,
     },
 }
-DEFAULTS = {"gemm": "blas"}
+DEFAULTS = {"gemm": "auto"}
 REFERENCES = {"gemm": gemm_reference}
 
 gemm = VERSIONS["gemm"][DEFAULTS["gemm"]]

@@ -144,3 +144,41 @@ def test_blas_accumulates_in_row_blocks_without_a_product_temporary(trans_a):
     finally:
         tracemalloc.stop()
     assert peak < c.nbytes // 10, f"gemm_blas with beta=1 allocated {peak} bytes (c is {c.nbytes})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_auto_runs_the_dot_kernel_only_where_it_wins(dtype):
+    """The engine's default ``auto``: on a convolution weight-gradient shape (dY @ col^T, k long)
+    with BLAS on one thread it gives v5_wide's result bit for bit (and the reference's within the
+    dtype's tolerance, beta = 1 accumulating); with BLAS on two threads, a short k or a tiny
+    c, BLAS's.  Without AVX-512 it is BLAS everywhere."""
+    rng = np.random.default_rng(7)
+    M, N, Kd = 71, 67, K.DOT_MIN_K + 13  # c.size >= DOT_MIN_C
+    a = rng.standard_normal((M, Kd)).astype(dtype)
+    b = rng.standard_normal((N, Kd)).astype(dtype)
+    c0 = rng.standard_normal((M, N)).astype(dtype)
+    v5, blas = K.VERSIONS["gemm"]["v5_wide"], K.gemm_blas
+
+    def run(fn, *args):
+        c = c0.copy()
+        fn(*args, c)
+        return c
+
+    saved = K._blas_threads[0]
+    try:
+        K.note_blas_threads(1)
+        got = run(K.gemm_auto, False, True, 1.0, a, b, 1.0)
+        want = run(v5 if K.WIDE_TILES else blas, False, True, 1.0, a, b, 1.0)
+        np.testing.assert_array_equal(got, want)
+        ref = K.gemm_reference(False, True, 1.0, a, b, 1.0, c0)
+        assert_close(got, ref, _tol(dtype, False, True, 1.0, a, b, 1.0, c0), kernel="gemm", version="auto")
+        short = np.ascontiguousarray(a[:, : K.DOT_MIN_K - 1]), np.ascontiguousarray(b[:, : K.DOT_MIN_K - 1])
+        np.testing.assert_array_equal(
+            run(K.gemm_auto, False, True, 1.0, *short, 0.0), run(blas, False, True, 1.0, *short, 0.0)
+        )
+        K.note_blas_threads(2)
+        np.testing.assert_array_equal(
+            run(K.gemm_auto, False, True, 1.0, a, b, 1.0), run(blas, False, True, 1.0, a, b, 1.0)
+        )
+    finally:
+        K.note_blas_threads(saved)

@@ -64,6 +64,9 @@ def set_threads(n):
     if not lib["set"]:
         return False
     lib["set"](max(1, int(n)))
+    from kernels import gemm  # its auto version runs its own serial kernels only beside a serial BLAS
+
+    gemm.note_blas_threads(n)
     return True
 
 
