@@ -7,7 +7,7 @@ import pytest
 
 from kernels import sgd
 from minicaffe.parallel import ParallelTrainer
-from minicaffe.parallel.shard import ALIGN, BLOCK, ShardPlan, shard_ranges
+from minicaffe.parallel.shard import ALIGN, BLOCK, ShardPlan, shard_ranges, why_not
 from tests.test_parallel import assert_params_close, dataset, make_solver, no_worker_threads, params_of  # noqa: F401
 
 COUNTS = [500, 20, 2 * BLOCK + 7, 50, 5 * BLOCK + 3, 10]  # segments cross blocks and shards
@@ -36,16 +36,35 @@ def the_servers_update(grads, weights, w, h, offsets, lr_mults, decays, rate, mo
     return g
 
 
+def the_servers_nesterov(grads, weights, w, h, offsets, lr_mults, decays, rate, momentum):
+    """solvers/sgd.py's NesterovSolver after the server's gemv: regularize, the rule, w -= diff;
+    returns the diffs (the update value)."""
+    g = np.zeros_like(w)
+    g += grads[0] if len(grads) == 1 else np.dot(weights, grads)
+    for off, cnt, lr, d in zip(offsets, COUNTS, lr_mults, decays):
+        s = slice(off, off + cnt)
+        if d:
+            g[s] += d * w[s]
+        previous = h[s].copy()
+        h[s] *= momentum
+        h[s] += rate * lr * g[s]
+        g[s] = (1.0 + momentum) * h[s] - momentum * previous
+        w[s] -= g[s]
+    return g
+
+
+@pytest.mark.parametrize("rule", ["SGD", "Nesterov"])
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_the_fused_sharded_update_equals_the_servers(n):
+def test_the_fused_sharded_update_equals_the_servers(n, rule):
     grads, weights, w, h, offsets, lr_mults, decays = problem(n)
     w_ref, h_ref = w.copy(), h.copy()
-    g_ref = the_servers_update(grads, weights, w_ref, h_ref, offsets, lr_mults, decays, 0.01, 0.9)
+    server = the_servers_update if rule == "SGD" else the_servers_nesterov
+    g_ref = server(grads, weights, w_ref, h_ref, offsets, lr_mults, decays, 0.01, 0.9)
     plan = ShardPlan(offsets, COUNTS, lr_mults, decays, n)
     g = np.full_like(w, np.nan)
     work = grads.copy()
     for k in range(n):
-        plan.run(k, work, weights, w, g, h, 0.01, 0.9)
+        plan.run(k, work, weights, w, g, h, 0.01, 0.9, rule == "Nesterov")
     np.testing.assert_array_equal(work, grads)  # the workers' gradients are only read
     if n == 1:  # the same arithmetic in the same order
         np.testing.assert_array_equal(g, g_ref)
@@ -55,9 +74,9 @@ def test_the_fused_sharded_update_equals_the_servers(n):
     np.testing.assert_allclose(g, g_ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(w, w_ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(h, h_ref, rtol=1e-6, atol=1e-6)
-    # against float64 arithmetic
-    g64 = (weights.astype(np.float64)[:, None] * grads).sum(axis=0)
-    np.testing.assert_allclose(g, g64, rtol=1e-5, atol=1e-6)
+    if rule == "SGD":  # against float64 arithmetic
+        g64 = (weights.astype(np.float64)[:, None] * grads).sum(axis=0)
+        np.testing.assert_allclose(g, g64, rtol=1e-5, atol=1e-6)
 
 
 def test_shards_tile_the_parameters_on_cache_lines():
@@ -80,13 +99,14 @@ def test_shards_tile_the_parameters_on_cache_lines():
             assert b[s + 1] <= offsets[i] + COUNTS[i] and mults[s] == lr_mults[i]
 
 
+@pytest.mark.parametrize("rule", ["SGD", "Nesterov"])
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_sharded_run_trains_as_the_servers_update(tmp_path, n):
-    serial = make_solver(tmp_path)
+def test_a_sharded_run_trains_as_the_servers_update(tmp_path, n, rule):
+    serial = make_solver(tmp_path, type=rule)
     serial.step(6)
     runs = {}
     for shard in (True, False):
-        par = make_solver(tmp_path)
+        par = make_solver(tmp_path, type=rule)
         with ParallelTrainer(par, n, shard_update=shard) as trainer:
             trainer.step(3)
             trainer.step(3)  # a second run of the same trainer, on the same (parked) threads
@@ -105,7 +125,7 @@ def test_where_the_sharded_update_does_not_apply_the_server_updates(tmp_path):
     lines = []
     for fields, why in (
         ({"clip_gradients": 0.5}, "clip_gradients"),
-        ({"type": "Nesterov"}, "Nesterov"),
+        ({"regularization_type": "L1"}, "regularization_type L1"),
         ({"iter_size": 2}, "iter_size"),
     ):
         serial = make_solver(tmp_path, **fields)
@@ -116,3 +136,11 @@ def test_where_the_sharded_update_does_not_apply_the_server_updates(tmp_path):
         assert not trainer.sharded and why in "; ".join(trainer.why_not_sharded)
         assert any("reduce + update on the server" in line and why in line for line in lines), lines
         assert_params_close(params_of(serial), params_of(par))
+
+
+def test_rules_the_fused_pass_does_not_do_stay_on_the_server(tmp_path):
+    for rule in ("AdaGrad", "RMSProp", "AdaDelta", "Adam"):
+        fields = {"momentum": 0.0} if rule in ("AdaGrad", "RMSProp") else {}
+        reasons = why_not(make_solver(tmp_path, type=rule, **fields), 0, [])
+        assert reasons and f"the {rule} rule" in reasons[0], reasons
+    assert why_not(make_solver(tmp_path, type="Nesterov"), 0, []) == []

@@ -13,7 +13,8 @@ Who does what, every iteration c (a *clock*: one global batch)::
         copy its slice [lo_k, hi_k) of batch c into its Input blobs
         G_k[c] = 0; forward; backward                         (reads W, writes only G_k)
 
-The sharded update (shard.py; SGD with L2 decay on the CPU, BSP, no clipping, iter_size 1): the
+The sharded update (shard.py; SGD or Nesterov with L2 decay on the CPU, BSP, no clipping,
+iter_size 1): the
 server publishes iteration c's learning rate in its ``on_start`` callback and, in the Solver's
 updater seam, only waits; once all N gradients of c are in, each worker sums them and applies
 SGD's update on its own range of the parameters (one fused pass), and the last one to finish
@@ -443,6 +444,7 @@ class ParallelTrainer:
                     self.layout.offsets, self.layout.counts, lrs, decays, self.n
                 )
             self._shards, self._momentum = plan, solver.param.momentum
+            self._nesterov = solver.type == "Nesterov"
             solver.set_updater(self._sharded_update)
         self._pinned = self._cores_to_pin()
         self._saved_blas = blas.get_threads()
@@ -796,7 +798,9 @@ class ParallelTrainer:
                 return False
             rate = self._rates[c]
         t1 = time.perf_counter()
-        self._shards.run(k, self.grads[:, 0], self.weights, self.W, self.G, self.H[0], rate, self._momentum)
+        self._shards.run(
+            k, self.grads[:, 0], self.weights, self.W, self.G, self.H[0], rate, self._momentum, self._nesterov
+        )
         t2 = time.perf_counter()
         with self._cv:
             if generation != self._generation:

@@ -21,8 +21,8 @@ its own at the start of its next clock, in its own core's cache, where its backw
 them (zeroing them here, on the core of another worker, was measured: it moved half of every
 G_j's cache lines to the other core each step, and each worker's step cost ~0.9 ms more CPU).
 
-Where it applies (ParallelTrainer decides, see ``why_not``): the CPU backend, BSP, the SGD rule
-with L2 regularization (the rule whose step is this fused expression), no gradient clipping (it
+Where it applies (ParallelTrainer decides, see ``why_not``): the CPU backend, BSP, the SGD or
+Nesterov rule with L2 regularization (the rules whose step is this fused expression), no gradient clipping (it
 needs the norm of the whole G before any update), iter_size 1, no custom updater, and no
 callback that reads the gradients between the reduce and the update (``on_gradients_ready``).
 Elsewhere the server reduces and updates as before.
@@ -38,15 +38,19 @@ ALIGN = 16
 
 
 @njit(nogil=True, cache=True)
-def reduce_sgd(grads, weights, w, g, h, bounds, lr_mults, decays, rate, momentum):
+def reduce_sgd(grads, weights, w, g, h, bounds, lr_mults, decays, rate, momentum, nesterov=False):
     """The fused reduce + SGD step over segments [bounds[s], bounds[s+1]) of the flat vectors.
 
     grads: (N, P) the workers' gradients, read only; weights: (N,) their b_k / B;
     w, h: (P,) parameters and momentum, updated; g: (P,) written with the reduced gradient (the
     solver net's diffs: what the serial path leaves there); lr_mults, decays: per segment;
-    rate: the solver's learning rate (float64, multiplied out as the Solver does)."""
+    rate: the solver's learning rate (float64, multiplied out as the Solver does).
+    ``nesterov``: Nesterov's step instead (solvers/sgd.py's NesterovSolver, the same float32
+    expression): v = m h + lr (G + decay W); u = (1 + m) v - m h; h = v; W -= u; g holds u
+    afterwards, as the Solver leaves the update value in the diffs."""
     t = w.dtype.type
     m = t(momentum)
+    m1 = t(1.0 + momentum)
     n = grads.shape[0]
     for s in range(bounds.size - 1):
         a = t(rate * lr_mults[s])
@@ -63,6 +67,15 @@ def reduce_sgd(grads, weights, w, g, h, bounds, lr_mults, decays, rate, momentum
                 gk, wk = grads[k, b0:b1], weights[k]
                 for i in range(gb.size):
                     gb[i] += wk * gk[i]
+            if nesterov:
+                for i in range(gb.size):
+                    wi, hi = wb[i], hb[i]
+                    v = m * hi + a * (gb[i] + d * wi)
+                    u = m1 * v - m * hi
+                    hb[i] = v
+                    gb[i] = u
+                    wb[i] = wi - u
+                continue
             for i in range(gb.size):
                 wi = wb[i]
                 v = m * hb[i] + a * (gb[i] + d * wi)
@@ -98,9 +111,13 @@ class ShardPlan:
             self.lr_mults.append(np.array(mults, dtype=np.float64))
             self.decays.append(np.array(decs, dtype=np.float64))
 
-    def run(self, k, grads, weights, w, g, h, rate, momentum):
-        """Worker ``k``'s share of one clock's reduce and update."""
-        reduce_sgd(grads, weights, w, g, h, self.bounds[k], self.lr_mults[k], self.decays[k], rate, momentum)
+    def run(self, k, grads, weights, w, g, h, rate, momentum, nesterov=False):
+        """Worker ``k``'s share of one clock's reduce and update (SGD's, or Nesterov's)."""
+        reduce_sgd(grads, weights, w, g, h, self.bounds[k], self.lr_mults[k], self.decays[k], rate, momentum, nesterov)
+
+
+#: the Solver types whose update the fused pass does
+RULES = ("SGD", "Nesterov")
 
 
 def why_not(solver, staleness, callbacks_reading_gradients):
@@ -111,8 +128,8 @@ def why_not(solver, staleness, callbacks_reading_gradients):
         why.append(f"the {net.backend.name} backend (the sharded update is a CPU kernel)")
     if staleness:
         why.append("SSP (workers do not wait for the update)")
-    if solver.type != "SGD":
-        why.append(f"the {solver.type} rule (the fused step is SGD's)")
+    if solver.type not in RULES:
+        why.append(f"the {solver.type} rule (the fused step is SGD's or Nesterov's)")
     elif p.regularization_type != "L2":
         why.append(f"regularization_type {p.regularization_type} (the fused step does L2)")
     if p.clip_gradients >= 0:
