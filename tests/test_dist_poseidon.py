@@ -267,6 +267,26 @@ def test_wfbp_auto_is_off_only_where_nodes_outnumber_cores(monkeypatch):
     assert wfbp_setting(Namespace(wfbp="off", workers=1), 4) == (False, "--wfbp off")
 
 
+def test_the_launcher_plans_with_the_link_it_knows(monkeypatch):
+    """The link rate the plan uses: --link, else the emulator's MINICAFFE_LINK_RATE, else None
+    (10 Gbit/s assumed); --wfbp auto with the plan is cost.wfbp_auto on this machine's cores."""
+    from argparse import Namespace
+
+    from minicaffe.dist.launch import planning_link_rate, wfbp_setting
+    from minicaffe.parallel import blas
+
+    monkeypatch.delenv("MINICAFFE_LINK_RATE", raising=False)
+    assert planning_link_rate(Namespace(link=None)) is None
+    monkeypatch.setenv("MINICAFFE_LINK_RATE", "1gbit")
+    assert planning_link_rate(Namespace(link=None)) == 1e9 / 8
+    assert planning_link_rate(Namespace(link="10gbit")) == 10e9 / 8
+    monkeypatch.setenv("MINICAFFE_LOCAL_NODES", "1")
+    costs = cost.plan(lenet_net(), 2, comm="ps", global_batch=True)
+    args = Namespace(wfbp="auto", workers=1, bucket_kb=None)
+    got = wfbp_setting(args, 2, costs, 1e9 / 8)
+    assert got == cost.wfbp_auto(costs, 2, 1, blas.cores(), link_rate=1e9 / 8) and got[1].startswith("auto: ")
+
+
 def cifar10_quick_costs(k=25):
     """CIFAR-10 quick's layers with parameters, from shapes (K rows per node)."""
     lc = cost.layer_cost
