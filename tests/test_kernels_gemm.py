@@ -117,12 +117,13 @@ def test_shape_mismatch_names_the_shapes():
             fn(False, False, 1.0, a, b, 0.0, np.zeros((3, 2), np.float32))
 
 
+@pytest.mark.parametrize("fn", [K.gemm_blas, K.gemm_dot], ids=["blas", "dot"])
 @pytest.mark.parametrize("trans_a", [False, True])
-def test_blas_accumulates_in_row_blocks_without_a_product_temporary(trans_a):
-    """beta != 0 (a weight gradient accumulated into its diff): the BLAS rung computes the product
-    a block of rows at a time in a small per-thread scratch, so a product larger than the block
-    (here 3 blocks and a remainder) is summed into c correctly, and no M x N array is allocated
-    (tracemalloc sees numpy's data buffers)."""
+def test_blas_accumulates_in_row_blocks_without_a_product_temporary(trans_a, fn):
+    """beta != 0 (a weight gradient accumulated into its diff): BLAS takes beta itself (cblas),
+    and numpy's dot path computes the product a block of rows at a time in a small per-thread
+    scratch, so a product larger than the block (here 3 blocks and a remainder) is summed into c
+    correctly; neither allocates an M x N array (tracemalloc sees numpy's data buffers)."""
     import tracemalloc
 
     M, N, Kd = 2 * K.ACC_BLOCK // 600 + 7, 600, 5  # rows per block: ACC_BLOCK // N
@@ -133,17 +134,53 @@ def test_blas_accumulates_in_row_blocks_without_a_product_temporary(trans_a):
     for alpha, beta in [(1.0, 1.0), (0.5, 2.0)]:
         ref = K.gemm_reference(trans_a, False, alpha, a, b, beta, c0)
         c = c0.copy()
-        K.gemm_blas(trans_a, False, alpha, a, b, beta, c)  # warms this thread's scratch
+        fn(trans_a, False, alpha, a, b, beta, c)  # warms this thread's scratch
         tol = _tol(np.float32, trans_a, False, alpha, a, b, beta, c0)
         assert_close(c, ref, tol, kernel="gemm", version="blas", shape=f"M,N,K={M},{N},{Kd} beta={beta}")
     c = c0.copy()
     tracemalloc.start()
     try:
-        K.gemm_blas(trans_a, False, 1.0, a, b, 1.0, c)
+        fn(trans_a, False, 1.0, a, b, 1.0, c)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < c.nbytes // 10, f"gemm_blas with beta=1 allocated {peak} bytes (c is {c.nbytes})"
+    assert peak < c.nbytes // 10, f"{fn.__name__} with beta=1 allocated {peak} bytes (c is {c.nbytes})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cblas_reads_rows_and_transposes_in_place_and_declines_other_layouts(dtype):
+    """The direct cblas call takes row-major operands, transposed views (a flag) and sub-blocks
+    of larger arrays (a leading dimension) as they are, with alpha and beta; an operand whose
+    rows are not unit stride, or a column-major c, is declined (False, c untouched) and
+    gemm_blas goes through numpy instead, with the same result."""
+    from kernels import cblas
+
+    if not cblas.available(dtype):
+        pytest.skip("numpy here is not linked to an OpenBLAS with cblas (the dot path is tested above)")
+    rng = np.random.default_rng(11)
+    big_a = rng.standard_normal((40, 30)).astype(dtype)
+    big_b = rng.standard_normal((30, 50)).astype(dtype)
+    c0 = rng.standard_normal((40, 60)).astype(dtype)
+    cases = [
+        (big_a[3:20, 2:27], big_b[4:29, 5:40]),  # sub-blocks: lda 30, ldb 50
+        (big_a.T[5:25, 7:19], big_b[:12, :35]),  # A transposed
+        (big_a[:17, :25], big_b.T[10:35, 3:28]),  # B transposed
+    ]
+    for A, B in cases:
+        for alpha, beta in [(1.0, 0.0), (0.5, 1.0), (2.0, -0.5)]:
+            start = c0[: A.shape[0], : B.shape[1]]
+            c = start.copy()
+            ref = K.gemm_reference(False, False, alpha, A, B, beta, start)
+            assert cblas.gemm(alpha, A, B, beta, c)
+            assert_close(c, ref, _tol(dtype, False, False, alpha, A, B, beta, start), kernel="gemm", version="cblas")
+    A, B = big_a[:10, ::2], big_b[:15, :8]  # rows of stride 2: not BLAS's layout
+    c = np.zeros((10, 8), dtype)
+    assert not cblas.gemm(1.0, A, B, 0.0, c)
+    assert not c.any()
+    K.gemm_blas(False, False, 1.0, A, B, 0.0, c)
+    np.testing.assert_allclose(c, A.astype(np.float64) @ B, rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-4)
+    cf = np.asfortranarray(np.zeros((10, 8), dtype))
+    assert not cblas.gemm(1.0, np.ascontiguousarray(A), B, 0.0, cf)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

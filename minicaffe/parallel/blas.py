@@ -15,7 +15,8 @@ returns False and the caller should set the environment variable before numpy lo
 
 import ctypes
 import os
-import re
+
+from kernels import cblas
 
 _NAMES = (
     ("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
@@ -32,16 +33,7 @@ def _load():
     _lib["loaded"] = True
     import numpy  # noqa: F401  (loads its BLAS)
 
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", f.read())))
-    except OSError:
-        paths = []
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
+    for path, lib in cblas.openblas_libraries():
         for set_name, get_name in _NAMES:
             if hasattr(lib, set_name) and hasattr(lib, get_name):
                 _lib["set"], _lib["get"] = getattr(lib, set_name), getattr(lib, get_name)
