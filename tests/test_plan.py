@@ -47,10 +47,22 @@ def _net(tmp_path, n=7, dtype=np.float64):
     path.write_text(NET.replace("dim: 7", f"dim: {n}"))
     caffe.set_random_seed(5)
     net = caffe.Net(str(path), caffe.TRAIN, dtype=dtype)
+    _fill(net)
+    return net
+
+
+def _fill(net):
+    """The inputs every test feeds (seeded): the arena's allocate() replaces the blobs' storage."""
     g = np.random.default_rng(1)
     net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
-    net.blobs["label"].data[...] = g.integers(0, 5, n)
-    return net
+    net.blobs["label"].data[...] = g.integers(0, 5, net.blobs["label"].shape[0])
+
+
+def _poisoned_losses(net, mem):
+    """The inputs again, then two forward-backward passes with every dead buffer poisoned."""
+    _fill(net)
+    net.clear_param_diffs()
+    return [mem.forward_backward_poisoned() for _ in range(2)]
 
 
 def _step(net):
@@ -166,11 +178,7 @@ def test_memory_counts_a_segment_as_one_step(tmp_path, restore):
     in_segment = [x for x in mem.buffers if x.nbytes and x.live_at(a)]
     assert {"conv1.data", "pool1.data", "conv2.data", "ip2.data", "ip1:dparams"} <= {x.name for x in in_segment}
     mem.allocate()
-    g = np.random.default_rng(1)
-    net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
-    net.blobs["label"].data[...] = g.integers(0, 5, 7)
-    net.clear_param_diffs()
-    losses = [mem.forward_backward_poisoned() for _ in range(2)]
+    losses = _poisoned_losses(net, mem)
     np.testing.assert_allclose(losses, ref[0], rtol=1e-6)
     for p, r in zip(net.learnable_params, ref[-len(net.learnable_params) :]):
         np.testing.assert_allclose(p.diff, r, rtol=1e-5, atol=1e-6)
@@ -186,11 +194,7 @@ def test_an_arena_planned_for_one_lane_never_runs_segments(tmp_path, restore):
     mem.allocate()
     lanes.set_count(2)
     assert not net.uses_step_plan() and net.step_plan().segments == []
-    g = np.random.default_rng(1)
-    net.blobs["data"].data[...] = g.standard_normal(net.blobs["data"].shape)
-    net.blobs["label"].data[...] = g.integers(0, 5, 7)
-    net.clear_param_diffs()
-    losses = [mem.forward_backward_poisoned() for _ in range(2)]
+    losses = _poisoned_losses(net, mem)
     np.testing.assert_allclose(losses, ref[0], rtol=1e-6)
 
 
