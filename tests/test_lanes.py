@@ -38,6 +38,32 @@ def test_run_runs_the_lanes_at_once_and_reraises(restore_lanes):
     assert sorted(done) == [0, 1, 2, 3]
 
 
+def test_a_threads_lane_helpers_end_with_it():
+    """Every calling thread gets helpers of its own (a SingleCaffe worker using lanes); when
+    that thread ends, its helpers end too, so closing a trainer leaves no lane thread behind."""
+    import time
+
+    def lane_threads():
+        return {t for t in threading.enumerate() if t.name == "minicaffe-lane"}
+
+    before = lane_threads()
+    seen = []
+
+    def worker():
+        lanes.run([lambda: None, lambda: None, lambda: None])  # two helpers for this thread
+        seen.append(lane_threads() - before)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert len(seen[0]) == 2, "the worker's lanes ran on two helpers of its own"
+    deadline = time.monotonic() + 10
+    while seen[0] & lane_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not seen[0] & lane_threads(), "a lane helper outlived the thread that started it"
+    assert before <= lane_threads(), "another thread's helpers were ended"
+
+
 def test_split_covers_the_range():
     assert lanes.split(7, 3) == [(0, 3), (3, 5), (5, 7)]
     assert lanes.split(2, 4) == [(0, 1), (1, 2)]

@@ -18,10 +18,11 @@ cores // (workers x lanes) threads), so the cores are not oversubscribed.  Resul
 one lane's only in the order of floating-point sums: a weight gradient is summed per lane, then
 the partial sums are added in lane order (deterministic for a given lane count).  The count is
 process-wide and 1 unless set; every thread that calls ``run`` gets helper threads of its own,
-so SingleCaffe's worker threads may each use lanes too.
+so SingleCaffe's worker threads may each use lanes too.  A thread's helpers end when it does.
 """
 
 import threading
+import weakref
 
 _state = {"count": 1}
 _local = threading.local()
@@ -47,6 +48,7 @@ class _Helper:
     def __init__(self):
         self.task = None
         self.error = None
+        self.stop = False  # set when the thread that owns this helper has ended (_dismiss)
         self.ready = threading.Event()  # set by the caller: a task is waiting
         self.done = threading.Event()  # set by the helper: the task has finished
         self.thread = threading.Thread(target=self._loop, name="minicaffe-lane", daemon=True)
@@ -56,6 +58,8 @@ class _Helper:
         while True:
             self.ready.wait()
             self.ready.clear()
+            if self.stop:
+                return
             try:
                 self.task()
             except BaseException as e:  # handed back to the caller, which re-raises it
@@ -77,10 +81,29 @@ class _Helper:
         return err
 
 
+class _Crew:
+    """The helpers of one calling thread, kept in its thread-local storage.  When that thread
+    ends, Python frees its thread-locals, the crew with them, and ``_dismiss`` ends the helpers
+    (a SingleCaffe worker's lanes end with the worker)."""
+
+    __slots__ = ("members", "__weakref__")
+
+    def __init__(self):
+        self.members = []
+        weakref.finalize(self, _dismiss, self.members)
+
+
+def _dismiss(members):
+    for h in members:
+        h.stop = True
+        h.ready.set()
+
+
 def _helpers(k):
-    hs = getattr(_local, "helpers", None)
-    if hs is None:
-        hs = _local.helpers = []
+    crew = getattr(_local, "crew", None)
+    if crew is None:
+        crew = _local.crew = _Crew()
+    hs = crew.members
     while len(hs) < k:
         hs.append(_Helper())
     return hs
