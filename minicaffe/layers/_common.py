@@ -9,6 +9,8 @@ registry from importing it as one).
 - ``loss_normalization`` / ``loss_normalizer``: Caffe's LossParameter normalization rules.
 - ``spatial_geometry``: kernel / pad / stride / dilation of Convolution-like layers, every form.
 - ``hw_pair``: one (h, w) pair given as ``name`` or as ``name_h`` and ``name_w`` (Pooling uses it).
+- ``WorkBuffer``: a flat work array kept across calls (columns, GEMM outputs, lanes' blocks).
+- ``add_lane_gradients``: the step plan's lanes' partial weight and bias gradients, summed in.
 """
 
 from .. import filler as _filler
@@ -131,6 +133,51 @@ def spatial_geometry(layer, p):
         if a <= 0 or b <= 0:
             raise layer.error(f"{what} must be positive, got ({a}, {b})")
     return (kh, kw), (ph, pw), (sh, sw), (dh, dw)
+
+
+class WorkBuffer:
+    """A flat array kept across calls; ``get(shape)`` returns a view, growing only when needed."""
+
+    def __init__(self, xp, dtype):
+        self.xp, self.dtype, self.buf, self.block = xp, dtype, None, 0
+
+    def get(self, *shape):
+        n = 1
+        for d in shape:
+            n *= d
+        if self.buf is None or self.buf.size < n:
+            self.buf = self.xp.empty(n, dtype=self.dtype)
+        return self.buf[:n].reshape(shape)
+
+    def reserve(self, parts, block):
+        """Room for ``parts`` blocks of ``block`` elements, one per lane (see ``part``)."""
+        self.block = block
+        if self.buf is None or self.buf.size < parts * block:
+            self.buf = self.xp.empty(parts * block, dtype=self.dtype)
+
+    def part(self, k, *shape):
+        """Block k of the last ``reserve``, viewed as ``shape``: lane k's buffer."""
+        n = 1
+        for d in shape:
+            n *= d
+        return self.buf[k * self.block : k * self.block + n].reshape(shape)
+
+    def attach(self, flat):
+        """Use ``flat`` (a placed slice of an arena) as the buffer."""
+        self.buf = flat
+
+
+def add_lane_gradients(layer, buf, parts):
+    """The step plan's reduction (``Layer.reduce_lanes``) for a layer with a weight and an optional
+    bias: lane k > 0 left its partial dW and db in block k-1 of ``buf`` (dW's values, then db's);
+    they are added into the parameter diffs in lane order."""
+    W = layer.blobs[0]
+    for k in range(1, len(parts)):
+        part = buf.part(k - 1, W.count + layer.num_output)
+        if layer.param_propagate_down[0]:
+            W.dev_flat_diff[...] += part[: W.count]
+        if layer.bias_term and layer.param_propagate_down[1]:
+            layer.blobs[1].dev_diff[...] += part[W.count :]
 
 
 # -- neuron layers ----------------------------------------------------------------------------------

@@ -41,42 +41,10 @@ calls).  No bottom diff is computed where the Net says none is needed (the first
 
 from ..layer import Layer, Scratch, register
 from ..parallel import lanes
-from ._common import fill_blob, grouped_gemm, has, shape_str, spatial_geometry
+from ._common import WorkBuffer, add_lane_gradients, fill_blob, grouped_gemm, has, shape_str, spatial_geometry
 
 #: most elements a column buffer may hold before the batch is split into chunks of images
 COL_LIMIT = 1 << 25
-
-
-class _Scratch:
-    """A flat array kept across calls; ``get(shape)`` returns a view, growing only when needed."""
-
-    def __init__(self, xp, dtype):
-        self.xp, self.dtype, self.buf, self.block = xp, dtype, None, 0
-
-    def get(self, *shape):
-        n = 1
-        for d in shape:
-            n *= d
-        if self.buf is None or self.buf.size < n:
-            self.buf = self.xp.empty(n, dtype=self.dtype)
-        return self.buf[:n].reshape(shape)
-
-    def reserve(self, parts, block):
-        """Room for ``parts`` blocks of ``block`` elements, one per lane (see ``part``)."""
-        self.block = block
-        if self.buf is None or self.buf.size < parts * block:
-            self.buf = self.xp.empty(parts * block, dtype=self.dtype)
-
-    def part(self, k, *shape):
-        """Block k of the last ``reserve``, viewed as ``shape``: lane k's buffer."""
-        n = 1
-        for d in shape:
-            n *= d
-        return self.buf[k * self.block : k * self.block + n].reshape(shape)
-
-    def attach(self, flat):
-        """Use ``flat`` (a placed slice of an arena) as the buffer."""
-        self.buf = flat
 
 
 class _ConvBase(Layer):
@@ -135,9 +103,9 @@ class _ConvBase(Layer):
             self.blobs.append(self.new_blob((self.num_output,), self.name + "/bias"))
             fill_blob(self.blobs[1], p.bias_filler)
         self.param_propagate_down = [True] * len(self.blobs)
-        self._col = _Scratch(self.xp, self.dtype)
-        self._out = _Scratch(self.xp, self.dtype)
-        self._dparams = _Scratch(self.xp, self.dtype)
+        self._col = WorkBuffer(self.xp, self.dtype)
+        self._out = WorkBuffer(self.xp, self.dtype)
+        self._dparams = WorkBuffer(self.xp, self.dtype)
         self._col_key = None
         self._lanes_reuse = False  # backward_images: the lanes' columns are forward's (prepare_lanes)
         self._direct = False
@@ -369,13 +337,4 @@ class Convolution(_ConvBase):
         self._backward_chunk(lane, self._lanes_reuse, bottom[0].dev_data[a:b], top[0].dev_diff[a:b], dx)
 
     def reduce_lanes(self, parts):
-        """The lanes' partial parameter gradients (lane k > 0: ``_dparams`` block k-1) added into
-        the parameter diffs, in lane order."""
-        M = self.num_output
-        MK = M * (self.channels // self.group) * self.kh * self.kw
-        for k in range(1, len(parts)):
-            part = self._dparams.part(k - 1, MK + M)
-            if self.param_propagate_down[0]:
-                self.blobs[0].dev_diff.reshape(-1)[...] += part[:MK]
-            if self.bias_term and self.param_propagate_down[1]:
-                self.blobs[1].dev_diff[...] += part[MK:]
+        add_lane_gradients(self, self._dparams, parts)

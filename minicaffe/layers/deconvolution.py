@@ -20,8 +20,8 @@ Backward::
 """
 
 from ..layer import Scratch, register
-from ._common import grouped_gemm, shape_str
-from .convolution import _ConvBase, _Scratch
+from ._common import WorkBuffer, grouped_gemm, shape_str
+from .convolution import _ConvBase
 
 
 @register
@@ -40,7 +40,7 @@ class Deconvolution(_ConvBase):
 
     def layer_setup(self, bottom, top):
         super().layer_setup(bottom, top)
-        self._xm = _Scratch(self.xp, self.dtype)
+        self._xm = WorkBuffer(self.xp, self.dtype)
 
     def reshape(self, bottom, top):
         self.check_bottoms(bottom)

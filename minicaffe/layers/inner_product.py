@@ -22,8 +22,7 @@ the parameter diffs, lane k > 0 into a block of its own, added in lane order aft
 
 from ..layer import Layer, Scratch, register
 from ..parallel import lanes
-from ._common import axis_index, count, fill_blob, has, shape_str
-from .convolution import _Scratch
+from ._common import WorkBuffer, add_lane_gradients, axis_index, count, fill_blob, has, shape_str
 
 
 @register
@@ -49,7 +48,7 @@ class InnerProduct(Layer):
             self.blobs.append(self.new_blob((self.num_output,), self.name + "/bias"))
             fill_blob(self.blobs[1], p.bias_filler)
         self.param_propagate_down = [True] * len(self.blobs)
-        self._dparams = _Scratch(self.xp, self.dtype)  # lanes 1.. partial dW, db (the step plan)
+        self._dparams = WorkBuffer(self.xp, self.dtype)  # lanes 1.. partial dW, db (the step plan)
 
     def scratch(self):
         """The step plan's lanes' partial parameter gradients (one block per lane after the first)."""
@@ -132,10 +131,4 @@ class InnerProduct(Layer):
             be.gemm(False, self.transpose, 1.0, dy, W.dev_data, 0.0, dx)
 
     def reduce_lanes(self, parts):
-        W = self.blobs[0]
-        for k in range(1, len(parts)):
-            part = self._dparams.part(k - 1, W.count + self.num_output)
-            if self.param_propagate_down[0]:
-                W.dev_flat_diff[...] += part[: W.count]
-            if self.bias_term and self.param_propagate_down[1]:
-                self.blobs[1].dev_diff[...] += part[W.count :]
+        add_lane_gradients(self, self._dparams, parts)
