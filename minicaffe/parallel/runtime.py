@@ -449,7 +449,9 @@ class ParallelTrainer:
         self._pinned = self._cores_to_pin()
         self._saved_blas = blas.get_threads()
         blas.set_threads(self.blas_threads)
-        solver.set_gradient_source(self._gather)
+        # with iter_size 1 every clock writes all of G (the sharded update, or the reduce below),
+        # so the Solver need not clear it first: 1.7 MB of LeNet's gradient per step
+        solver.set_gradient_source(self._gather, overwrites=self.iter_size == 1)
         solver.add_callback(self)  # on_start: the rate; on_iteration: publish the update, fetch ahead
         for _, layer in self.data_layers:
             layer.set_position_source(self._data_state)
@@ -594,19 +596,25 @@ class ParallelTrainer:
         t1 = time.perf_counter()
         if not np.isfinite(losses).all():
             self._nonfinite(c, losses)
-        slot = c % self.n_slots
-        G = self.G
+        G, parts = self.G, self.grads[:, c % self.n_slots]
         if self.sharded:
-            pass  # the workers reduce into G as they update (_sharded_update)
-        elif self.n == 1:
-            G += self.grads[0, slot]
-        else:
+            pass  # the workers wrote the reduced gradient into G as they updated (_sharded_update)
+        elif self.iter_size == 1:
+            # the gradient source overwrites G (the Solver did not clear it: set_gradient_source);
             # one gemv over the flat gradients; on the CPU np.dot, not @ (numpy's matmul was seen
             # running BLAS holding the GIL; dot releases it: kernels/gemm.py gemm_blas)
-            if self.solver.net.xp is np:
-                G += np.dot(self._dev_weights, self.grads[:, slot])
+            if self.n == 1:
+                G[...] = parts[0]
+            elif self.solver.net.xp is np:
+                np.dot(self._dev_weights, parts, out=G)
             else:
-                G += self._dev_weights @ self.grads[:, slot]
+                G[...] = self._dev_weights @ parts
+        elif self.n == 1:  # iter_size batches add up in G (the Solver cleared it)
+            G += parts[0]
+        elif self.solver.net.xp is np:
+            G += np.dot(self._dev_weights, parts)
+        else:
+            G += self._dev_weights @ parts
         loss = float(np.dot(self.weights, losses))
         for name in outputs[0]:
             self.solver.net.blobs[name].data[...] = sum(w * o[name] for w, o in zip(self.weights, outputs))
@@ -641,8 +649,9 @@ class ParallelTrainer:
     def on_start(self, solver):
         """A solver callback, each iteration before its gradients: with the sharded update,
         publish this iteration's learning rate, which lets the workers update W as soon as all
-        gradients are in.  It comes after the iteration's test and the clearing of the diffs,
-        so the workers never write W or G while the server reads them."""
+        gradients are in.  It comes after the iteration's test (the Solver does not clear the
+        diffs: the workers overwrite G), so the workers never write W or G while the server
+        reads them."""
         if not self.sharded:
             return
         rate = solver.learning_rate()

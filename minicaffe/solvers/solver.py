@@ -4,7 +4,7 @@ A solver owns a training net and its test nets (built from the solver prototxt),
 
     step(n):  for each iteration
                   test all test nets      (every test_interval, and at 0 if test_initialization)
-                  clear parameter diffs
+                  clear parameter diffs   (unless the gradient source overwrites them)
                   callbacks: on_start(solver)
                   loss = mean over iter_size of gradient_source()   (net.forward_backward();
                                                                      gradients accumulate)
@@ -32,7 +32,12 @@ Where runtimes join a solver (declared seams; a runtime never replaces a solver'
 - **the gradient source**: ``solver.set_gradient_source(fn)``: ``fn()`` computes one batch's
   loss and leaves its gradients *added* to the parameters' diffs (the default is
   ``net.forward_backward``; the threaded runtime's gathers the workers' gradients).
-  ``set_gradient_source(None)`` restores the default.
+  ``set_gradient_source(fn, overwrites=True)`` declares that ``fn`` *writes* every learnable
+  parameter's diff whatever it held, so the loop does not clear the diffs before it (with
+  iter_size 1 only: iter_size batches must add up).  Callbacks see the difference in one place:
+  ``on_start`` then finds the previous iteration's diffs instead of zeros; from the source's
+  return on, the diffs are what the default loop leaves.  ``set_gradient_source(None)``
+  restores the default.
 - **the updater**: ``solver.set_updater(fn)``: ``fn(solver, rate)`` applies the iteration's
   update to the parameters, e.g. through a remote parameter server.  The default is
   :meth:`Solver.local_update` (clip gradients, then ``update_parameter(i, rate)`` for every
@@ -115,6 +120,7 @@ class Solver:
         self.on_iteration, self.on_test, self.on_snapshot = [], [], []
         self.callbacks = []
         self._gradient_source = None
+        self._source_overwrites = False  # the gradient source writes the diffs: no clearing before it
         self._updater = None
         self.on_test_start = []  # callbacks (solver, test net index) before a test runs
         self._display_mark = None  # (clock, iteration) of the last display line + where step() ended
@@ -227,12 +233,15 @@ class Solver:
             if fn is not None:
                 fn(self, *args)
 
-    def set_gradient_source(self, fn):
+    def set_gradient_source(self, fn, overwrites=False):
         """``fn() -> loss`` computes one batch and adds its gradients to the parameters' diffs;
-        None restores the default, ``self.net.forward_backward``."""
+        None restores the default, ``self.net.forward_backward``.  ``overwrites=True``: ``fn``
+        writes every learnable parameter's diff (whatever it held), so the loop skips clearing
+        them first; such a source cannot accumulate iter_size > 1 batches (``step`` refuses it)."""
         if fn is not None and not callable(fn):
             raise SolverError(f"set_gradient_source: expected a function, got {type(fn).__name__}")
         self._gradient_source = fn
+        self._source_overwrites = bool(overwrites) and fn is not None
 
     @property
     def customized(self):
@@ -278,10 +287,16 @@ class Solver:
         self.losses, self.smoothed_loss = [], 0.0
         if self._display_mark is None or self._display_mark[2] != self.iter:  # not where the last step() ended
             self._display_mark = (time.perf_counter(), self.iter, None)
+        if self._source_overwrites and p.iter_size > 1:
+            raise SolverError(
+                f"iter_size {p.iter_size}: the gradient source overwrites the parameters' diffs "
+                f"(set_gradient_source(..., overwrites=True)), so it cannot add up iter_size batches"
+            )
         while self.iter < stop_iter and not self.requested_stop:
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
-            self.net.clear_param_diffs()
+            if not self._source_overwrites:  # (a source that overwrites them would undo the clearing)
+                self.net.clear_param_diffs()
             self._call("on_start")
             loss = 0.0
             for _ in range(p.iter_size):
