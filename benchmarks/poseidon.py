@@ -627,6 +627,25 @@ def median_net(calls):
     return out
 
 
+def sfb_sync_cpu(calib, net, global_batch):
+    """Each SFB layer's rebuild + update CPU: the median over every call kept at every node count
+    of the same global batch. The work depends only on the whole batch's rows (P x K: 32 for the
+    FC head on 2 nodes of 16 or 4 of 8) and the layer's shape, not on P, so every timing of it
+    is a sample of the same figure (one call moves 20%: the FC head's fc6 46-67 ms)."""
+    samples = {}
+    for key, calls in calib.get("net_calls", {}).items():
+        if key.split("|")[0] != net:
+            continue
+        for call in calls:
+            if call.get("global_batch") != global_batch:
+                continue
+            for r in call["layers"]:
+                s = (r.get("sync_cpu") or {}).get("sfb")
+                if s is not None:
+                    samples.setdefault(r["name"], []).append(s)
+    return {name: statistics.median(xs) for name, xs in samples.items()}
+
+
 def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=0, sfb=None):
     """The simulator's result (a ``simulate.Result``) for one run, from the calibration alone.
     ``sfb``: the layers the run synchronized by SFB (None: the simulator chooses as the runtime
@@ -638,9 +657,12 @@ def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=
     if c is None:
         return None
     layers = [sim.Layer("(iteration overhead)", c["overhead"], 0.0)]
+    rebuild = sfb_sync_cpu(calib, net, c.get("global_batch"))
     for r in c["layers"]:
         lay = sim.Layer(r["name"], r["forward"], r["backward"], r["count"], r.get("m"), r.get("n"), r.get("k"))
-        lay.update, lay.wgrad, lay.sync_cpu = r.get("update", 0.0), r.get("wgrad"), r.get("sync_cpu")
+        lay.update, lay.wgrad, lay.sync_cpu = r.get("update", 0.0), r.get("wgrad"), dict(r.get("sync_cpu") or {})
+        if r["name"] in rebuild:
+            lay.sync_cpu["sfb"] = rebuild[r["name"]]
         lay.blobs = r.get("blobs", 2)
         layers.append(lay)
     tcp = calib["tcp_loopback" if topology == "mesh" else "tcp"]  # the limiter runs on loopback

@@ -267,6 +267,13 @@ def test_contention_per_node_count():
     assert [host.inflation(p) for p in (1, 2, 3, 4, 32)] == [1.0, 1.05, 1.1, 1.1, 1.1]
     layers = chain((1e-3, 2e-3, 0))
     assert sim.simulate(layers, 2, FREE, "ps", host=host).period == pytest.approx(1.05 * 3e-3)
+    # the sync's kernels (here a PS update of 1 ms) slow as the compute's: 2 nodes, 2 cores each
+    layers = chain((1e-3, 2e-3, 10))
+    layers[0].sync_cpu = {"ps": 1e-3}
+    wide = sim.Host(cores=4, contention={2: 1.05})
+    r = sim.simulate(layers, 2, FREE, "ps", wfbp=False, host=wide)
+    assert r.cpu["sync"] == pytest.approx(1.05e-3)
+    assert r.period == pytest.approx(1.05 * (3e-3 + 1e-3))
 
 
 def test_serving_threads_and_the_process_cost_cpu():
@@ -370,3 +377,26 @@ def test_a_calibrated_net_is_the_median_of_its_calls():
     lay = got["layers"][0]
     assert (lay["name"], lay["forward"], lay["backward"], lay["count"]) == ("ip1", 2.0, 4.0, 10)
     assert lay["sync_cpu"] == {"ps": 5.0}
+
+
+def test_an_sfb_rebuild_is_timed_at_every_node_count_of_the_same_batch():
+    # the rebuild + update of an SFB layer works on the whole batch's rows (P x K) whatever P
+    # is: the simulator takes the median of every call at every node count of that batch
+    bench = _bench()
+
+    def call(nodes, sfb, batch=32):
+        layer = {"name": "ip", "forward": 1e-3, "backward": 2e-3, "count": 5050, "blobs": 2}
+        layer.update(m=50, n=100, k=batch // nodes, update=1e-5, wgrad=1e-3, sync_cpu={"ps": 1e-4, "sfb": sfb})
+        return {"net": "fc", "nodes": nodes, "global_batch": batch, "per_node_batch": batch // nodes,
+                "overhead": 0.0, "layers": [layer]}  # fmt: skip
+
+    calls = {"fc|2": [call(2, 5e-3), call(2, 7e-3)], "fc|4": [call(4, 6.5e-3), call(4, 8e-3)]}
+    calls["fc|8"] = [call(8, 50e-3, batch=64)]  # another batch: other rows, other work
+    calls["other|2"] = [dict(call(2, 90e-3), net="other")]
+    calib = {"net_calls": calls}
+    assert bench.sfb_sync_cpu(calib, "fc", 32) == {"ip": pytest.approx(6.75e-3)}
+    calib |= {"cores": 4, "nets": {"fc|2": bench.median_net(calls["fc|2"])}}
+    calib["tcp"] = {"cpu_s_per_byte": 0.0, "cpu_s_per_frame": 0.0, "round_trip_s": 0.0}
+    r = bench.predicted(calib, "fc", 2, "10gbit", "sfb", "off", "star", "0", sfb={"ip"})
+    assert r.methods == {"ip": "sfb"}
+    assert r.cpu["sync"] == pytest.approx(6.75e-3)  # not the 2-node calls' own median, 6 ms

@@ -118,11 +118,13 @@ class Host:
     # the switches between the compute thread, the senders, the receivers and the shard's or the
     # SFB thread that the interleaving brings, on cores every node process already keeps busy
     wfbp_sync_cpu: float = 0.0
-    # CPU seconds a node's compute costs per second of the same compute measured alone: a number
+    # CPU seconds a node's kernels cost per second of the same kernels measured alone: a number
     # (where the node processes outnumber the cores), or {nodes: factor} measured at some node
     # counts (the nearest one applies; other processes and the node's own helper threads share
     # the cores and their caches even where each process has a core): from training runs, not
-    # from the layers' own timing
+    # from the layers' own timing. It applies to the compute and to the sync's kernels (the
+    # update, SFB's rebuild) alike: which thread of the node runs a kernel does not change
+    # what the other processes take from the cores and caches it runs on
     contention: object = 1.0
     # CPU seconds per frame sent that a transport's own rate limiter costs (minicaffe's --link:
     # a lock, a sleep and its wake-up per frame and per piece); 0 for links shaped outside it
@@ -323,7 +325,7 @@ def simulate(
     of its process (``host.iteration_cpu``), and per sync unit the transport's CPU for its bytes
     and frames (``host.tcp_cpu``, ``host.frame_cpu``, both ends), the serving thread's
     (``host.unit_cpu``, and ``host.thread_cpu`` once an iteration per serving thread), the update
-    or rebuild, and with WFBP ``host.wfbp_sync_cpu`` (thread switches on shared cores). An SFB
+    or rebuild (kernels like the compute's: x ``host.inflation(P)`` too), and with WFBP ``host.wfbp_sync_cpu`` (thread switches on shared cores). An SFB
     layer's own weight gradient is not computed on the nodes (the rebuilt one replaces it),
     with or without a host.
 
@@ -357,7 +359,7 @@ def simulate(
     for unit in units:
         m = methods[unit[0]]
         b = sum(each[i][2] for i in unit)
-        cpu_s = sum(each[i][1] for i in unit) * compute_scale
+        cpu_s = sum(each[i][1] for i in unit) * compute_scale * inflate  # kernels, as the compute's
         rounds = 0 if nodes == 1 else (2 if m == "ps" else 1)
         tcp = 0.0
         if host is not None and nodes > 1:
