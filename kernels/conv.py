@@ -52,6 +52,8 @@ from . import _versions
 from . import gemm as _gemm
 from . import im2col as _im2col
 
+_U = np.uint64  # unsigned flat offsets: no negative-index fix-up on each access (kernels/im2col.py)
+
 __all__ = [
     "conv_fwd",
     "conv_bwd_data",
@@ -461,41 +463,57 @@ def _shifted_setup(C, H, W, kh, kw, ph, pw, dh, dw):
 
 @njit(nogil=True, cache=True)
 def _shifted_pad(x, n, ph, pw, Hp, Wp, xb):
-    """xb = image n of x, zero-padded to (C, Hp, Wp), then zeros (the slack)."""
+    """xb = image n of x, zero-padded to (C, Hp, Wp), then zeros (the slack).  Flat indices,
+    no view per row."""
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
+    xf = x.reshape(x.size)
     xb[:] = 0
     for c in range(C):
         for h in range(H):
-            o = c * Hp * Wp + (h + ph) * Wp + pw
-            xb[o : o + W] = x[n, c, h]
+            o = _U(c * Hp * Wp + (h + ph) * Wp + pw)
+            s = _U(((n * C + c) * H + h) * W)
+            for k in range(_U(W)):
+                xb[o + k] = xf[s + k]
 
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
 def _shifted_axpy(w4, i0, offs, xb, acc, L):
     """acc[k, :L] = sum over taps t of w4[i0 + k, t] * xb[offs[t] : offs[t] + L] for k < 4:
-    kernels.gemm's AXPY kernel with B's rows the shifted input, four rows of acc and four taps
-    per pass, so each vector load and store of acc carries four FMAs and each load of the input
-    four more.  The four rows (4 x L values: 11 KB for LeNet's conv1) stay in L1 across all the
-    taps and the epilogue that reads them."""
+    kernels.gemm's AXPY kernel with B's rows the shifted input, four rows of acc and five taps
+    (a 5x5 kernel's row) per pass, so each vector load and store of acc carries five FMAs and
+    each load of the input four.  The first pass writes acc instead of adding to it (no pass
+    that clears it first); the last T % 5 taps go one at a time.  The four rows (4 x L values:
+    11 KB for LeNet's conv1) stay in L1 across all the taps and the epilogue that reads them.
+    (Four taps per pass and a clearing pass, the first form, took 1.45x as long on conv1.)"""
     T = w4.shape[1]
-    t4 = T - T % 4
-    acc[:, :L] = 0
+    t5 = T - T % 5
     c0, c1, c2, c3 = acc[0, :L], acc[1, :L], acc[2, :L], acc[3, :L]
     i1, i2, i3 = i0 + 1, i0 + 2, i0 + 3
-    for t in range(0, t4, 4):
+    if t5 == 0:
+        acc[:, :L] = 0
+    for t in range(0, t5, 5):
         b0, b1 = xb[offs[t] : offs[t] + L], xb[offs[t + 1] : offs[t + 1] + L]
         b2, b3 = xb[offs[t + 2] : offs[t + 2] + L], xb[offs[t + 3] : offs[t + 3] + L]
-        x00, x01, x02, x03 = w4[i0, t], w4[i0, t + 1], w4[i0, t + 2], w4[i0, t + 3]
-        x10, x11, x12, x13 = w4[i1, t], w4[i1, t + 1], w4[i1, t + 2], w4[i1, t + 3]
-        x20, x21, x22, x23 = w4[i2, t], w4[i2, t + 1], w4[i2, t + 2], w4[i2, t + 3]
-        x30, x31, x32, x33 = w4[i3, t], w4[i3, t + 1], w4[i3, t + 2], w4[i3, t + 3]
-        for q in range(L):
-            u, v, s, z = b0[q], b1[q], b2[q], b3[q]
-            c0[q] += x00 * u + x01 * v + x02 * s + x03 * z
-            c1[q] += x10 * u + x11 * v + x12 * s + x13 * z
-            c2[q] += x20 * u + x21 * v + x22 * s + x23 * z
-            c3[q] += x30 * u + x31 * v + x32 * s + x33 * z
-    for t in range(t4, T):  # the last T % 4 taps, one at a time
+        b4 = xb[offs[t + 4] : offs[t + 4] + L]
+        x00, x01, x02, x03, x04 = w4[i0, t], w4[i0, t + 1], w4[i0, t + 2], w4[i0, t + 3], w4[i0, t + 4]
+        x10, x11, x12, x13, x14 = w4[i1, t], w4[i1, t + 1], w4[i1, t + 2], w4[i1, t + 3], w4[i1, t + 4]
+        x20, x21, x22, x23, x24 = w4[i2, t], w4[i2, t + 1], w4[i2, t + 2], w4[i2, t + 3], w4[i2, t + 4]
+        x30, x31, x32, x33, x34 = w4[i3, t], w4[i3, t + 1], w4[i3, t + 2], w4[i3, t + 3], w4[i3, t + 4]
+        if t == 0:
+            for q in range(L):
+                u, v, s, z, e = b0[q], b1[q], b2[q], b3[q], b4[q]
+                c0[q] = x00 * u + x01 * v + x02 * s + x03 * z + x04 * e
+                c1[q] = x10 * u + x11 * v + x12 * s + x13 * z + x14 * e
+                c2[q] = x20 * u + x21 * v + x22 * s + x23 * z + x24 * e
+                c3[q] = x30 * u + x31 * v + x32 * s + x33 * z + x34 * e
+        else:
+            for q in range(L):
+                u, v, s, z, e = b0[q], b1[q], b2[q], b3[q], b4[q]
+                c0[q] += x00 * u + x01 * v + x02 * s + x03 * z + x04 * e
+                c1[q] += x10 * u + x11 * v + x12 * s + x13 * z + x14 * e
+                c2[q] += x20 * u + x21 * v + x22 * s + x23 * z + x24 * e
+                c3[q] += x30 * u + x31 * v + x32 * s + x33 * z + x34 * e
+    for t in range(t5, T):  # the last T % 5 taps, one at a time
         b0 = xb[offs[t] : offs[t] + L]
         x00, x10, x20, x30 = w4[i0, t], w4[i1, t], w4[i2, t], w4[i3, t]
         for q in range(L):
@@ -508,7 +526,9 @@ def _shifted_axpy(w4, i0, offs, xb, acc, L):
 
 @njit(nogil=True, cache=True)
 def shifted_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y):
-    """y = conv(x, w) + bias for every image of x: the v6 forward (bias (M,) or (0,) for none)."""
+    """y = conv(x, w) + bias for every image of x: the v6 forward (bias (M,) or (0,) for none).
+    The epilogue indexes flat views of acc and y made once per call: a view per output row (an
+    atomic reference count each, 15,000 per call on conv1) cost as much as the FMAs."""
     N, C, H, W, M, kh, kw, OH, OW = _geometry(x, w, ph, pw, sh, sw, dh, dw, y)
     Hp, Wp, OH1, L, offs, nb = _shifted_setup(C, H, W, kh, kw, ph, pw, dh, dw)
     M4 = (M + 3) // 4 * 4
@@ -516,6 +536,7 @@ def shifted_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y):
     w4[:M] = w.reshape(M, C * kh * kw)
     xb = np.empty(nb, y.dtype)
     acc = np.empty((4, L), y.dtype)
+    af, yf = acc.reshape(acc.size), y.reshape(y.size)
     for n in range(N):
         _shifted_pad(x, n, ph, pw, Hp, Wp, xb)
         for i0 in range(0, M, 4):
@@ -523,14 +544,14 @@ def shifted_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y):
             for m in range(i0, min(i0 + 4, M)):  # the epilogue: valid (strided) columns + bias
                 b = bias[m] if bias.size else y.dtype.type(0)
                 for oh in range(OH):
-                    row = acc[m - i0, oh * sh * Wp : oh * sh * Wp + (OW - 1) * sw + 1]
-                    yr = y[n, m, oh]
+                    src = _U((m - i0) * L + oh * sh * Wp)
+                    dst = _U(((n * M + m) * OH + oh) * OW)
                     if sw == 1:  # unit stride: a loop LLVM vectorizes
-                        for ow in range(OW):
-                            yr[ow] = row[ow] + b
+                        for ow in range(_U(OW)):
+                            yf[dst + ow] = af[src + ow] + b
                     else:
-                        for ow in range(OW):
-                            yr[ow] = row[ow * sw] + b
+                        for ow in range(_U(OW)):
+                            yf[dst + ow] = af[src + ow * _U(sw)] + b
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
@@ -591,34 +612,43 @@ def _shifted_dots(g, offs, xb, L, dw2):
                     dw2[i3, t + 2] += s32
 
 
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
+def _row_sum(a, lo, hi):
+    """sum(a[lo:hi]), reassociated so LLVM vectorizes it (a plain += chain is one add per
+    cycle-latency: 4 cycles a value)."""
+    s = a.dtype.type(0)
+    for q in range(_U(lo), _U(hi)):
+        s += a[q]
+    return s
+
+
 @njit(nogil=True, cache=True)
 def shifted_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt, db):
     """dwt (M, C, kh, kw) += the weight gradient and db (M,) += the bias gradient (db of size 0:
     none) over every image: the v6 backward, accumulating as Caffe's parameter diffs do.  dy is
     spread onto the wide output grid (zeros in the extra columns), then one dot product per
-    (m, tap) over the whole image."""
+    (m, tap) over the whole image; db is the sum of each spread row.  The spread indexes flat
+    views made once per call (a view per row and a serial sum took 0.29 of conv1's 0.51 ms)."""
     N, C, H, W, M, kh, kw, OH, OW = _geometry(x, dwt, ph, pw, sh, sw, dh, dw, dy)
     Hp, Wp, OH1, L, offs, nb = _shifted_setup(C, H, W, kh, kw, ph, pw, dh, dw)
     dw2 = dwt.reshape(M, C * kh * kw)
     xb = np.empty(nb, x.dtype)
     g = np.zeros((M, L), x.dtype)
+    gf, dyf = g.reshape(g.size), dy.reshape(dy.size)
     for n in range(N):
         _shifted_pad(x, n, ph, pw, Hp, Wp, xb)
         for m in range(M):
-            s = g.dtype.type(0)
             for oh in range(OH):
-                row = g[m, oh * sh * Wp : oh * sh * Wp + (OW - 1) * sw + 1]
-                dr = dy[n, m, oh]
+                dst = _U(m * L + oh * sh * Wp)
+                src = _U(((n * M + m) * OH + oh) * OW)
                 if sw == 1:
-                    for ow in range(OW):
-                        row[ow] = dr[ow]
+                    for ow in range(_U(OW)):
+                        gf[dst + ow] = dyf[src + ow]
                 else:
-                    for ow in range(OW):
-                        row[ow * sw] = dr[ow]
-                for ow in range(OW):
-                    s += dr[ow]
+                    for ow in range(_U(OW)):
+                        gf[dst + ow * _U(sw)] = dyf[src + ow]
             if db.size:
-                db[m] += s
+                db[m] += _row_sum(gf, m * L, (m + 1) * L)
         _shifted_dots(g, offs, xb, L, dw2)
 
 
