@@ -478,7 +478,8 @@ def calibrate_runs(doc):
     run["load"] = os.getloadavg()
     doc["frame_run"] = run
     calls = doc.setdefault("run_calls", [])
-    calls.append({k: run[k] for k in RUN_COSTS + ("contention", "contention_measured", "compute_alone_s", "load")})
+    keep = RUN_COSTS + ("contention", "contention_measured", "compute_alone_s", "load")
+    calls.append({k: run[k] for k in keep} | {"commit": code_commit()})
     del calls[:-KEEP_CALLS]
     print(
         f"in training runs (medians of 3; {run['run']}): a frame {1e6 * run['cpu_s_per_frame']:.0f} us of CPU, "
@@ -558,6 +559,7 @@ def calibrate_bytes(doc, repeat=3, iters=8):
         "tries": tries,
         "cpu_s_per_byte": statistics.median(t["cpu_s_per_byte"] for t in tries),
         "load": os.getloadavg(),
+        "commit": code_commit(),
     }
     return doc["byte_run"]
 
@@ -588,6 +590,29 @@ def calibrate(nets, nodes_list, batch, out, repeat=3):
     return doc
 
 
+def code_commit():
+    """The commit of the code a calibration measures: git's short hash, with a '+' where tracked
+    files have changes not committed; None outside a git checkout."""
+    try:
+        git = ["git", "-C", ROOT]
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
+def calibration_code(calib):
+    """Every commit a calibration's figures were measured with (its nets' calls, its training
+    runs' calls, its byte runs): a grid is checked like for like only against its own code."""
+    found = {c.get("commit") for calls in calib.get("net_calls", {}).values() for c in calls}
+    found |= {c.get("commit") for c in calib.get("run_calls", [])}
+    found.add(calib.get("byte_run", {}).get("commit"))
+    return sorted(c for c in found if c)
+
+
 def calibrate_nets(doc, nets, nodes_list, batch=None):
     """Each net's layers on each node count (``calibrate_net``), alone on the machine; every call
     is kept (``doc["net_calls"]``, the last ``KEEP_CALLS``) and ``doc["nets"]`` holds each
@@ -599,7 +624,7 @@ def calibrate_nets(doc, nets, nodes_list, batch=None):
         for nodes in nodes_list:
             key = f"{net}|{nodes}"
             calls = doc.setdefault("net_calls", {}).setdefault(key, [])
-            calls.append(calibrate_net(net, nodes, batch))
+            calls.append(calibrate_net(net, nodes, batch) | {"commit": code_commit()})
             del calls[:-KEEP_CALLS]
             doc["nets"][key] = c = median_net(calls)
             steps = [x["step_s"] for x in calls]
@@ -622,8 +647,9 @@ def median_net(calls):
             return values[0]  # (shapes, names: the same in every call)
         return statistics.median(values)
 
-    out = {k: med(c[k] for c in calls) for k in calls[0] if k != "layers"}
+    out = {k: med(c[k] for c in calls) for k in calls[0] if k not in ("layers", "commit")}
     out["layers"] = [med(layer) for layer in zip(*(c["layers"] for c in calls))]
+    out["commits"] = sorted({c["commit"] for c in calls if c.get("commit")})
     return out
 
 
@@ -982,6 +1008,10 @@ def main(argv=None):
     print(cpu_table(results))
     print()
     print("simulator validation (its inputs from the calibration alone; each run as it synchronized):")
+    if calib is not None:
+        code = calibration_code(calib)
+        where = os.path.relpath(args.calibration, ROOT) if args.calibration.startswith(ROOT) else args.calibration
+        print(f"calibration {where}: measured with the code at {', '.join(code) or '(not recorded)'}")
     print(validation(results))
     base = os.path.splitext(args.report or args.out)[0]
     plot_throughput(results, base + "_throughput.png")

@@ -371,7 +371,10 @@ def test_a_calibrated_net_is_the_median_of_its_calls():
         layer = {"name": "ip1", "forward": f, "backward": 2 * f, "count": 10, "m": 2, "sync_cpu": {"ps": sync}}
         return {"net": "lenet", "nodes": 4, "per_node_batch": 16, "overhead": f / 10, "layers": [layer]}
 
-    got = bench.median_net([call(1.0, 5.0), call(3.0, 4.0), call(2.0, 6.0)])
+    calls = [call(1.0, 5.0) | {"commit": "a1"}, call(3.0, 4.0) | {"commit": "b2"}, call(2.0, 6.0)]
+    got = bench.median_net(calls)
+    assert got["commits"] == ["a1", "b2"]  # the code each call measured, never a median of them
+    assert bench.calibration_code({"net_calls": {"lenet|4": calls}, "byte_run": {"commit": "c3"}}) == ["a1", "b2", "c3"]
     assert got["overhead"] == pytest.approx(0.2)
     assert got["per_node_batch"] == 16 and isinstance(got["per_node_batch"], int)
     lay = got["layers"][0]
