@@ -7,7 +7,7 @@ import pytest
 
 from kernels import sgd
 from minicaffe.parallel import ParallelTrainer
-from minicaffe.parallel.shard import ALIGN, BLOCK, ShardPlan, shard_ranges, why_not
+from minicaffe.parallel.shard import ALIGN, BLOCK, Rule, ShardPlan, shard_ranges, why_not
 from tests.test_parallel import assert_params_close, dataset, make_solver, no_worker_threads, params_of  # noqa: F401
 
 COUNTS = [500, 20, 2 * BLOCK + 7, 50, 5 * BLOCK + 3, 10]  # segments cross blocks and shards
@@ -53,6 +53,15 @@ def the_servers_nesterov(grads, weights, w, h, offsets, lr_mults, decays, rate, 
     return g
 
 
+def rule_of(rule, **hyper):
+    """shard.Rule of a solver of type ``rule`` with these hyperparameters (the rest Caffe's defaults)."""
+
+    from types import SimpleNamespace
+
+    param = SimpleNamespace(**{"momentum": 0.0, "momentum2": 0.999, "rms_decay": 0.99, "delta": 1e-8, **hyper})
+    return Rule(SimpleNamespace(type=rule, param=param))
+
+
 @pytest.mark.parametrize("rule", ["SGD", "Nesterov"])
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_the_fused_sharded_update_equals_the_servers(n, rule):
@@ -64,7 +73,7 @@ def test_the_fused_sharded_update_equals_the_servers(n, rule):
     g = np.full_like(w, np.nan)
     work = grads.copy()
     for k in range(n):
-        plan.run(k, work, weights, w, g, h, 0.01, 0.9, rule == "Nesterov")
+        plan.run(k, work, weights, w, g, [h], rule_of(rule, momentum=0.9), 0.01)
     np.testing.assert_array_equal(work, grads)  # the workers' gradients are only read
     if n == 1:  # the same arithmetic in the same order
         np.testing.assert_array_equal(g, g_ref)
@@ -138,9 +147,105 @@ def test_where_the_sharded_update_does_not_apply_the_server_updates(tmp_path):
         assert_params_close(params_of(serial), params_of(par))
 
 
-def test_rules_the_fused_pass_does_not_do_stay_on_the_server(tmp_path):
-    for rule in ("AdaGrad", "RMSProp", "AdaDelta", "Adam"):
-        fields = {"momentum": 0.0} if rule in ("AdaGrad", "RMSProp") else {}
-        reasons = why_not(make_solver(tmp_path, type=rule, **fields), 0, [])
-        assert reasons and f"the {rule} rule" in reasons[0], reasons
+ADAPTIVE = {
+    "AdaGrad": {"momentum": 0.0, "base_lr": 0.05},
+    "RMSProp": {"momentum": 0.0, "rms_decay": 0.9, "base_lr": 0.01},
+    "AdaDelta": {"momentum": 0.95, "delta": 1e-6, "base_lr": 1.0},
+    "Adam": {"momentum": 0.9, "momentum2": 0.999, "delta": 1e-8, "base_lr": 0.01},
+}
+
+
+def histories(solver):
+    return [h.copy() for hist in solver.history for h in hist]
+
+
+@pytest.mark.parametrize("rule", list(ADAPTIVE))
+def test_one_worker_updates_with_an_adaptive_rule_as_the_server_bit_for_bit(tmp_path, rule):
+    """reduce_adaptive writes solvers/adaptive.py's float32 expressions in numpy's order: one
+    worker's sharded update (a reduce by weight 1) equals one thread's Solver exactly (the
+    parameters, both history vectors, and the diffs, which hold the update value)."""
+    serial = make_solver(tmp_path, type=rule, **ADAPTIVE[rule])
+    serial.step(4)
+    par = make_solver(tmp_path, type=rule, **ADAPTIVE[rule])
+    with ParallelTrainer(par, 1) as trainer:
+        trainer.step(4)
+    assert trainer.sharded, trainer.why_not_sharded
+    for x, y in zip(params_of(serial) + histories(serial), params_of(par) + histories(par)):
+        np.testing.assert_array_equal(x, y)
+    for p, q in zip(serial.net.learnable_params, par.net.learnable_params):
+        np.testing.assert_array_equal(p.diff, q.diff)
+
+
+@pytest.mark.parametrize("rule", list(ADAPTIVE))
+def test_workers_update_with_an_adaptive_rule_as_the_server(tmp_path, rule):
+    """2 workers, the sharded update against the server's own on the same gradients (up to the
+    order of the sum); lr_mult 2 on the bias and weight decay are in.  (Not against one thread:
+    AdaGrad's first step is about lr sign(g), so an ulp of difference in a gradient near zero,
+    from summing the shards in another order, moves a weight by far more than an ulp (2.4e-4
+    after these 5 steps); the server's own update on 2 workers' gradients differs from one
+    thread exactly as much.)"""
+    runs = {}
+    for shard in (True, False):
+        par = make_solver(tmp_path, type=rule, **ADAPTIVE[rule])
+        with ParallelTrainer(par, 2, shard_update=shard) as trainer:
+            trainer.step(2)
+            trainer.step(3)
+        assert trainer.sharded is shard and par.iter == 5
+        runs[shard] = params_of(par) + histories(par)
+    assert_params_close(runs[False], runs[True], rtol=1e-4, atol=1e-6)
+
+
+def test_an_adaptive_kernel_equals_numpy_on_segments_across_blocks():
+    """reduce_adaptive on 3 shards of COUNTS (segments that cross blocks and shards, lr_mult and
+    decay per segment, a zero decay skipped) against the Solver's numpy lines, for each rule."""
+    for rule, fields in ADAPTIVE.items():
+        grads, weights, w, h, offsets, lr_mults, decays = problem(3, seed=2)
+        s = np.abs(h) if rule != "Adam" else h.copy()  # sums of squares are >= 0
+        x = np.abs(h[::-1]).copy()
+        hyper = {"momentum": 0.0, "momentum2": 0.999, "rms_decay": 0.99, "delta": 1e-8, **fields}
+        w_ref, s_ref, x_ref = w.copy(), s.copy(), x.copy()
+        g_ref = np.dot(weights, grads)
+        rate, corr = 0.01, (1 - 0.999**3) ** 0.5 / (1 - 0.9**3) if rule == "Adam" else 1.0
+        m, eps = hyper["momentum"], hyper["delta"]
+        for off, cnt, lr, d in zip(offsets, COUNTS, lr_mults, decays):
+            sl = slice(off, off + cnt)
+            g, ss, xx, lr_i = g_ref[sl], s_ref[sl], x_ref[sl], rate * lr
+            if d:
+                g += d * w_ref[sl]
+            if rule == "AdaGrad":
+                ss += g * g
+                g[...] = lr_i * g / (np.sqrt(ss) + eps)
+            elif rule == "RMSProp":
+                dec = hyper["rms_decay"]
+                ss *= dec
+                ss += (1 - dec) * g * g
+                g[...] = lr_i * g / (np.sqrt(ss) + eps)
+            elif rule == "AdaDelta":
+                ss *= m
+                ss += (1 - m) * g * g
+                u = g * np.sqrt(xx + eps) / np.sqrt(ss + eps)
+                xx *= m
+                xx += (1 - m) * u * u
+                g[...] = lr_i * u
+            else:
+                b2 = hyper["momentum2"]
+                ss *= m
+                ss += (1 - m) * g
+                xx *= b2
+                xx += (1 - b2) * g * g
+                g[...] = (lr_i * corr) * ss / (np.sqrt(xx) + eps)
+            w_ref[sl] -= g
+        plan = ShardPlan(offsets, COUNTS, lr_mults, decays, 3)
+        g = np.full_like(w, np.nan)
+        for k in range(3):
+            plan.run(k, grads, weights, w, g, [s, x], rule_of(rule, **hyper), rate, corr)
+        for name, got, want in (("g", g, g_ref), ("w", w, w_ref), ("s", s, s_ref), ("x", x, x_ref)):
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, err_msg=f"{rule}: {name}")
+
+
+def test_rules_with_l1_stay_on_the_server(tmp_path):
+    for rule, fields in ADAPTIVE.items():
+        assert why_not(make_solver(tmp_path, type=rule, **fields), 0, []) == []
+        reasons = why_not(make_solver(tmp_path, type=rule, regularization_type="L1", **fields), 0, [])
+        assert reasons and "regularization_type L1" in reasons[0], reasons
     assert why_not(make_solver(tmp_path, type="Nesterov"), 0, []) == []

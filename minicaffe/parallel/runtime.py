@@ -13,11 +13,11 @@ Who does what, every iteration c (a *clock*: one global batch)::
         copy its slice [lo_k, hi_k) of batch c into its Input blobs
         G_k[c] = 0; forward; backward                         (reads W, writes only G_k)
 
-The sharded update (shard.py; SGD or Nesterov with L2 decay on the CPU, BSP, no clipping,
+The sharded update (shard.py; any rule with L2 decay on the CPU, BSP, no clipping,
 iter_size 1): the
 server publishes iteration c's learning rate in its ``on_start`` callback and, in the Solver's
 updater seam, only waits; once all N gradients of c are in, each worker sums them and applies
-SGD's update on its own range of the parameters (one fused pass), and the last one to finish
+the Solver's update on its own range of the parameters (one fused pass), and the last one to finish
 sets applied = c + 1.  The server's gemv and update no longer run while every worker waits.
 
 Memory: every replica's parameter blobs are views of *one* flat vector W (written by the server,
@@ -79,7 +79,7 @@ from ..memory.flat import ParamLayout
 from ..memory.planner import Arena, history_buffers, plan_net
 from . import blas
 from .replica import build_replica, shard_bounds
-from .shard import ShardPlan, why_not
+from .shard import Rule, ShardPlan, why_not
 
 
 class WorkerError(SolverError):
@@ -130,7 +130,7 @@ class ParallelTrainer:
     ``blas_threads``: BLAS threads per process while training (default cores // n_workers).
     ``recompute``: convolutions recompute im2col in backward (less memory, a little more time).
     ``worker_timeout``: seconds a worker may take to deliver one iteration (None: no deadline).
-    ``shard_update``: where it applies (shard.py), the workers do the server's reduce and SGD
+    ``shard_update``: where it applies (shard.py), the workers do the server's reduce and the
     update, each on its own range of the parameters (default); False: the server does both.
     ``pin``: bind worker k to core k, so that its replica, its gradients and its range of the
     parameters stay in that core's caches from one step to the next; None (default) pins when
@@ -443,8 +443,7 @@ class ParallelTrainer:
                 plan = self._shard_plans[lrs, decays] = ShardPlan(
                     self.layout.offsets, self.layout.counts, lrs, decays, self.n
                 )
-            self._shards, self._momentum = plan, solver.param.momentum
-            self._nesterov = solver.type == "Nesterov"
+            self._shards, self._rule = plan, Rule(solver)
             solver.set_updater(self._sharded_update)
         self._pinned = self._cores_to_pin()
         self._saved_blas = blas.get_threads()
@@ -656,19 +655,20 @@ class ParallelTrainer:
             return
         rate = solver.learning_rate()
         with self._cv:
-            self._rates[self._clock] = rate
+            self._rates[self._clock] = (rate, Rule.correction(solver))
             self._cv.notify_all()
 
     def _sharded_update(self, solver, rate):
         """The Solver's updater while the workers update: wait until every shard of this
-        clock's update is in W (shard.py does the arithmetic of SGDSolver's update)."""
+        clock's update is in W (shard.py does the arithmetic of the Solver's rule)."""
         c = self._clock - 1
         t0 = time.perf_counter()
         with self._cv_server:
-            if self._rates.get(c) != rate:
+            published = self._rates.get(c, (None,))[0]
+            if published != rate:
                 raise SolverError(
                     f"iteration {solver.iter}: the learning rate changed between the start of the iteration "
-                    f"({self._rates.get(c)}) and its update ({rate}); the sharded update needs it fixed"
+                    f"({published}) and its update ({rate}); the sharded update needs it fixed"
                 )
             while self._applied <= c and self._error is None:
                 if self.worker_timeout is not None and time.perf_counter() - t0 > self.worker_timeout:
@@ -805,11 +805,9 @@ class ParallelTrainer:
                 self._cv.wait(0.5)
             if self._stop or self._error is not None or generation != self._generation:
                 return False
-            rate = self._rates[c]
+            rate, correction = self._rates[c]
         t1 = time.perf_counter()
-        self._shards.run(
-            k, self.grads[:, 0], self.weights, self.W, self.G, self.H[0], rate, self._momentum, self._nesterov
-        )
+        self._shards.run(k, self.grads[:, 0], self.weights, self.W, self.G, self.H, self._rule, rate, correction)
         t2 = time.perf_counter()
         with self._cv:
             if generation != self._generation:

@@ -1,4 +1,4 @@
-"""The parameter server's reduce and SGD update, sharded across the worker threads.
+"""The parameter server's reduce and the Solver's update, sharded across the worker threads.
 
 With one server thread, every clock ends with the server alone on one core: it sums the N
 workers' gradient vectors (G = sum_k w_k G_k), runs the Solver's update (SGD with momentum and
@@ -13,7 +13,23 @@ G_j, and once all N gradients of a clock are in, each worker runs, on its range 
         h  = m h + lr_i (G + decay_i W)            (kernels/sgd.py's sgd_step, the same
         W -= h                                       float32 expression, lr_i per parameter)
 
-One sweep over (N + 3) vectors instead of the server's gemv and its update; N cores share it.
+The adaptive rules (solvers/adaptive.py) are one sweep each too, with their own history
+vectors (``reduce_adaptive``): after the same reduce and L2 decay, per value::
+
+    AdaGrad   s += g g;                      u = lr_i g / (sqrt(s) + eps)
+    RMSProp   s = d s + (1 - d) g g;         u = lr_i g / (sqrt(s) + eps)
+    AdaDelta  s = m s + (1 - m) g g;  v = g sqrt(x + eps) / sqrt(s + eps);
+              x = m x + (1 - m) v v;         u = lr_i v
+    Adam      a = b1 a + (1 - b1) g;  b = b2 b + (1 - b2) g g;
+                                             u = lr_i c_t a / (sqrt(b) + eps)
+    G = u;  W -= u
+
+each written as solvers/adaptive.py writes it with numpy on float32 arrays (the same operations
+in the same order, each rounded to float32), so one worker's update equals the server's bit for
+bit; Adam's bias correction c_t is the Solver's (``AdamSolver.bias_correction``), published
+with the iteration's rate.
+
+One sweep over (N + 3) vectors (SGD) instead of the server's gemv and its update; N cores share it.
 The ranges are cut at multiples of 16 values (64 bytes, one cache line), so two workers never
 write the same line.  A range that crosses parameters is split into *segments*, one per
 parameter, each with its own lr_mult and decay_mult.  The G_j are only read: each worker zeroes
@@ -21,11 +37,11 @@ its own at the start of its next clock, in its own core's cache, where its backw
 them (zeroing them here, on the core of another worker, was measured: it moved half of every
 G_j's cache lines to the other core each step, and each worker's step cost ~0.9 ms more CPU).
 
-Where it applies (ParallelTrainer decides, see ``why_not``): the CPU backend, BSP, the SGD or
-Nesterov rule with L2 regularization (the rules whose step is this fused expression), no gradient clipping (it
-needs the norm of the whole G before any update), iter_size 1, no custom updater, and no
-callback that reads the gradients between the reduce and the update (``on_gradients_ready``).
-Elsewhere the server reduces and updates as before.
+Where it applies (ParallelTrainer decides, see ``why_not``): the CPU backend, BSP, any of the
+six rules with L2 regularization, no gradient clipping (it needs the norm of the whole G before
+any update), iter_size 1, no custom updater, and no callback that reads the gradients between
+the reduce and the update (``on_gradients_ready``).  Elsewhere the server reduces and updates
+as before.
 """
 
 import numpy as np
@@ -83,6 +99,103 @@ def reduce_sgd(grads, weights, w, g, h, bounds, lr_mults, decays, rate, momentum
                 wb[i] = wi - v
 
 
+#: the adaptive rules' codes in ``reduce_adaptive`` (numba takes the rule as an int)
+ADAGRAD, RMSPROP, ADADELTA, ADAM = 1, 2, 3, 4
+ADAPTIVE = {"AdaGrad": ADAGRAD, "RMSProp": RMSPROP, "AdaDelta": ADADELTA, "Adam": ADAM}
+
+
+@njit(nogil=True, cache=True)
+def reduce_adaptive(grads, weights, w, g, s, x, bounds, lr_mults, decays, rule, rate, correction, hyper):
+    """The fused reduce + an adaptive rule's step over segments [bounds[j], bounds[j+1]).
+
+    grads, weights, w, bounds, lr_mults, decays as in ``reduce_sgd``; g: (P,) written with the
+    update value (what the Solver leaves in the diffs); s: the first history vector (AdaGrad's
+    and RMSProp's sum of squares, AdaDelta's, Adam's first moment), x: the second (AdaDelta's
+    update history, Adam's second moment; ignored by AdaGrad and RMSProp); ``rule``: ADAGRAD,
+    RMSPROP, ADADELTA or ADAM; ``rate``: the iteration's learning rate; ``correction``: Adam's
+    bias correction (1 for the others); ``hyper``: (momentum, momentum2, rms_decay, delta) as
+    float64.  Every float32 operation is the one numpy does in solvers/adaptive.py."""
+    t = w.dtype.type
+    m, eps = hyper[0], t(hyper[3])
+    if rule == RMSPROP:
+        m = hyper[2]
+    m2 = hyper[1]
+    keep, fresh = t(m), t(1.0 - m)  # s = keep s + fresh g g (RMSProp: d, 1 - d; Adam: b1, 1 - b1)
+    keep2, fresh2 = t(m2), t(1.0 - m2)  # Adam's b = b2 b + (1 - b2) g g
+    n = grads.shape[0]
+    for j in range(bounds.size - 1):
+        a = t(rate * lr_mults[j] * correction)  # (rate * lr_mult) * c_t in float64, as the Solver
+        d = decays[j]
+        for b0 in range(bounds[j], bounds[j + 1], BLOCK):
+            b1 = min(b0 + BLOCK, bounds[j + 1])
+            gb, wb, sb, xb = g[b0:b1], w[b0:b1], s[b0:b1], x[b0:b1]
+            g0, w0 = grads[0, b0:b1], weights[0]
+            for i in range(gb.size):
+                gb[i] = w0 * g0[i]
+            for k in range(1, n):
+                gk, wk = grads[k, b0:b1], weights[k]
+                for i in range(gb.size):
+                    gb[i] += wk * gk[i]
+            if d != 0.0:  # Solver.regularize: diff += decay * data (skipped at decay 0)
+                dd = t(d)
+                for i in range(gb.size):
+                    gb[i] += dd * wb[i]
+            if rule == ADAGRAD:
+                for i in range(gb.size):
+                    gi = gb[i]
+                    si = sb[i] + gi * gi
+                    sb[i] = si
+                    gb[i] = a * gi / (np.sqrt(si) + eps)
+            elif rule == RMSPROP:
+                for i in range(gb.size):
+                    gi = gb[i]
+                    si = sb[i] * keep
+                    si += fresh * gi * gi
+                    sb[i] = si
+                    gb[i] = a * gi / (np.sqrt(si) + eps)
+            elif rule == ADADELTA:
+                for i in range(gb.size):
+                    gi = gb[i]
+                    si = sb[i] * keep
+                    si += fresh * gi * gi
+                    sb[i] = si
+                    v = gi * np.sqrt(xb[i] + eps) / np.sqrt(si + eps)
+                    xi = xb[i] * keep
+                    xi += fresh * v * v
+                    xb[i] = xi
+                    gb[i] = a * v
+            else:  # ADAM
+                for i in range(gb.size):
+                    gi = gb[i]
+                    ai = sb[i] * keep
+                    ai += fresh * gi
+                    sb[i] = ai
+                    bi = xb[i] * keep2
+                    bi += fresh2 * gi * gi
+                    xb[i] = bi
+                    gb[i] = a * ai / (np.sqrt(bi) + eps)
+            for i in range(gb.size):  # Solver.update_parameter: data -= diff
+                wb[i] -= gb[i]
+
+
+class Rule:
+    """What the fused pass needs of a Solver's rule: ``type``, ``code`` (0: SGD/Nesterov, else
+    an ADAPTIVE code), ``momentum`` and ``hyper`` = (momentum, momentum2, rms_decay, delta)."""
+
+    def __init__(self, solver):
+        p = solver.param
+        self.type = solver.type
+        self.code = ADAPTIVE.get(solver.type, 0)
+        self.momentum = p.momentum
+        self.hyper = np.array([p.momentum, p.momentum2, p.rms_decay, p.delta], dtype=np.float64)
+
+    @staticmethod
+    def correction(solver):
+        """This iteration's factor on the rate besides lr_mult: Adam's bias correction, else 1."""
+        correct = getattr(solver, "bias_correction", None)
+        return correct() if correct is not None else 1.0
+
+
 def shard_ranges(count, n):
     """``n`` contiguous ranges covering range(count), cut at multiples of ALIGN, near-equal."""
     cuts = [min(count, ALIGN * round(count * k / n / ALIGN)) for k in range(n + 1)]
@@ -111,13 +224,19 @@ class ShardPlan:
             self.lr_mults.append(np.array(mults, dtype=np.float64))
             self.decays.append(np.array(decs, dtype=np.float64))
 
-    def run(self, k, grads, weights, w, g, h, rate, momentum, nesterov=False):
-        """Worker ``k``'s share of one clock's reduce and update (SGD's, or Nesterov's)."""
-        reduce_sgd(grads, weights, w, g, h, self.bounds[k], self.lr_mults[k], self.decays[k], rate, momentum, nesterov)
+    def run(self, k, grads, weights, w, g, history, rule, rate, correction=1.0):
+        """Worker ``k``'s share of one clock's reduce and ``rule``'s update (a Rule); ``history``:
+        the Solver's history vectors, flat; ``correction``: ``Rule.correction`` of the iteration."""
+        b, lr, dec = self.bounds[k], self.lr_mults[k], self.decays[k]
+        if rule.code == 0:
+            reduce_sgd(grads, weights, w, g, history[0], b, lr, dec, rate, rule.momentum, rule.type == "Nesterov")
+        else:
+            x = history[1] if len(history) > 1 else history[0]  # (AdaGrad, RMSProp: not read)
+            reduce_adaptive(grads, weights, w, g, history[0], x, b, lr, dec, rule.code, rate, correction, rule.hyper)
 
 
 #: the Solver types whose update the fused pass does
-RULES = ("SGD", "Nesterov")
+RULES = ("SGD", "Nesterov") + tuple(ADAPTIVE)
 
 
 def why_not(solver, staleness, callbacks_reading_gradients):
@@ -129,7 +248,7 @@ def why_not(solver, staleness, callbacks_reading_gradients):
     if staleness:
         why.append("SSP (workers do not wait for the update)")
     if solver.type not in RULES:
-        why.append(f"the {solver.type} rule (the fused step is SGD's or Nesterov's)")
+        why.append(f"the {solver.type} rule (the fused pass does {', '.join(RULES)})")
     elif p.regularization_type != "L2":
         why.append(f"regularization_type {p.regularization_type} (the fused step does L2)")
     if p.clip_gradients >= 0:

@@ -81,6 +81,9 @@ class AdamSolver(Solver):
         a += (1 - b1) * g
         b *= b2
         b += (1 - b2) * g * g
-        t = self.iter + 1
-        correction = (1 - b2**t) ** 0.5 / (1 - b1**t)
-        g[...] = (rate * self.net.params_lr[i] * correction) * a / (xp.sqrt(b) + self.param.delta)
+        g[...] = (rate * self.net.params_lr[i] * self.bias_correction()) * a / (xp.sqrt(b) + self.param.delta)
+
+    def bias_correction(self):
+        """sqrt(1 - b2^t) / (1 - b1^t) at this iteration (t = iter + 1): on the rate."""
+        b1, b2, t = self.param.momentum, self.param.momentum2, self.iter + 1
+        return (1 - b2**t) ** 0.5 / (1 - b1**t)
