@@ -330,3 +330,72 @@ def test_idle_heartbeats_flush_and_an_abort_that_overtakes_queued_tensors():
     assert not handlers[0].failures and not handlers[1].failures
     for t in ts:
         t.shutdown()
+
+
+class Slow(Collect):
+    """Receives numbered float64 frames into fresh arrays, slowly (the sender's socket fills)."""
+
+    def __init__(self, n, delay):
+        super().__init__(2, n)
+        self.n, self.delay, self.frames = n, delay, []
+
+    def destination(self, src, h):
+        time.sleep(self.delay)
+        return np.empty(self.n) if h.kind == F.GRAD else None
+
+    def arrived(self, src, h, array):
+        with self.cv:
+            self.frames.append((h.key, array))
+            self.cv.notify_all()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_frames_from_several_threads_arrive_whole_and_in_order_per_thread(direct):
+    """Frames leave from the calling thread while the peer's queue is empty (``send_now``), else
+    through the sender thread; a frame the socket's buffer cut short is finished before any
+    other. Two threads send 0.5 MiB frames to a slow receiver: each frame arrives whole, and each
+    thread's frames in the order it sent them; the bytes are counted once."""
+    n, count = 1 << 16, 12
+    ts = make_mesh(2, direct=direct)
+    handlers = [Collect(2, 1), Slow(n, 0.01)]
+    for t, h in zip(ts, handlers):
+        t.start(h)
+
+    def send(first):
+        for k in range(first, first + count):
+            ts[0].send(1, F.GRAD, k, 0, np.full(n, float(k)))
+
+    threads = [threading.Thread(target=send, args=(first,)) for first in (0, 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert ts[0].flush(30)
+    got = handlers[1]
+    with got.cv:
+        got.cv.wait_for(lambda: len(got.frames) == 2 * count, 30)
+    keys = [k for k, _ in got.frames]
+    assert sorted(keys) == list(range(count)) + list(range(100, 100 + count)), keys
+    assert [k for k in keys if k < 100] == list(range(count))  # each thread's frames in order
+    assert [k for k in keys if k >= 100] == list(range(100, 100 + count))
+    for k, a in got.frames:
+        assert (a == k).all(), f"frame {k} arrived mixed with another: {np.unique(a)[:5]}"
+    assert sum(v for (kind, _), v in ts[0].stats.sent.items() if kind == "GRAD") == 2 * count * (48 + 8 * n)
+    assert not handlers[0].failures and not handlers[1].failures
+    for t in ts:
+        t.shutdown()
+
+
+def test_a_silent_peer_is_lost_after_peer_timeout():
+    """The receive timeout is the kernel's (SO_RCVTIMEO): a peer that sends nothing, not even a
+    heartbeat, for ``peer_timeout`` seconds stops the run with that reason."""
+    ts = make_mesh(2, heartbeat=30.0, peer_timeout=0.3)
+    handlers = [Collect(2, 1), Collect(2, 1)]
+    for t, h in zip(ts, handlers):
+        t.start(h)
+    deadline = time.monotonic() + 10
+    while not handlers[0].failures and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert handlers[0].failures and "lost node 1: nothing heard from it for 0.3 s" in handlers[0].failures[0]
+    for t in ts:
+        t.shutdown()

@@ -170,14 +170,20 @@ def sendmsg_all(sock, buffers):
     """Send every buffer in order with gather writes (``sendmsg``), finishing partial sends."""
     views = [memoryview(b).cast("B") for b in buffers if len(memoryview(b).cast("B"))]
     while views:
-        sent = sock.sendmsg(views)
-        while sent:
-            if sent >= len(views[0]):
-                sent -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
+        views = skip_sent(views, sock.sendmsg(views))
+
+
+def skip_sent(views, sent):
+    """The byte views still to send after a gather write sent ``sent`` bytes of ``views``."""
+    views = [memoryview(v).cast("B") for v in views]
+    while sent and views:
+        if sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        else:
+            views[0] = views[0][sent:]
+            sent = 0
+    return [v for v in views if len(v)]
 
 
 def as_bytes_view(array):

@@ -176,6 +176,8 @@ class Poseidon:
         node.wake_on_error.append(self.work)
         # -- join the Node, the replicas and the Solver
         node.ps_blobs = [i for i in range(node.n_blobs) if i not in self.sfb_blobs]
+        ps = set(node.ps_blobs)
+        self.ps_reads = {l: [i for i in reads if i in ps] for l, reads in self.reads.items()}
         node.plan_shards()  # the gradient buckets over the PS blobs only
         node.hooked_push = node.deferred_wait = self.wfbp
         node.combined_by_hooks = self.wfbp and node.n_workers > 1
@@ -282,9 +284,8 @@ class Poseidon:
         if self.wfbp and l in self.reads:
             t0 = self._now()
             version = self.node.clock - self.node.staleness
-            for i in self.reads[l]:
-                if i in self.node.ps_blobs:
-                    self.node.wait_params(i, version)
+            for i in self.ps_reads[l]:
+                self.node.wait_params(i, version)
             if l in self.sfb:
                 self._wait_layer(l, version)
             if k == 0 and self._now() - t0 > 1e-4:
@@ -504,6 +505,8 @@ class Poseidon:
         )
 
     def _wait_layer(self, l, version):
+        if self.version[l] >= version and self.node.error is None:  # (an int that only grows)
+            return
         t0 = time.perf_counter()
         node = self.node
         with node.cv:
