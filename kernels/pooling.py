@@ -34,9 +34,14 @@ Versions:
              (selects, not a mispredicted branch).  Serial, nogil: the engine's default for
              the backward passes and for the windows v3 does not special-case.
   v3_k2s2    v2 plus a special case for the commonest geometry (2x2, stride 2, no padding:
-             LeNet's pools) with the window unrolled to four loads and no inner loops.
+             LeNet's pools) with the window unrolled to four loads and no inner loops.  The
+             default for average pooling forward.
   v4_prange  v2 with the (n, c) planes split across cores by prange.  Opt-in: numba's default
              workqueue threading layer cannot run two parallel regions at once.
+  v5_k2s2_select  v3's unrolled 2x2 window (when the windows tile the image exactly) with v2's
+             selects instead of branches, over whole flat arrays: 1.1x v3 on LeNet's pool1,
+             1.5x on pool2, where random data mispredicts v3's new-maximum branches.  The
+             engine's default for max pooling forward (other geometries fall back to v3, v2).
 """
 
 import numpy as np
@@ -409,6 +414,47 @@ def ave_pool_fwd_v3_k2s2(x, kh, kw, sh, sw, ph, pw, y):
                     yp[p, q] = ((r0[w] + r0[w + 1]) + (r1[w] + r1[w + 1])) * quarter
 
 
+# -- v5: 2x2 stride-2, branch-free --------------------------------------------------------------
+@njit(nogil=True, cache=True, inline="always")
+def _k2s2(kh, kw, sh, sw, ph, pw, H, W, PH, PW):
+    """Is the geometry 2x2, stride 2, no padding, windows tiling the image exactly?"""
+    return kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0 and 2 * PH == H and 2 * PW == W
+
+
+@njit(nogil=True, cache=True)
+def max_pool_fwd_v5_k2s2_select(x, kh, kw, sh, sw, ph, pw, y, mask):
+    """v3's unrolled 2x2 window with v2's selects instead of branches: the four values are
+    compared in scan order (strict >: ties keep the first) and the winner's offset (0, 1, W,
+    W+1 from the window's corner) is picked by selects, so random data costs no mispredicted
+    branch.  Whole flat arrays, unsigned offsets; other geometries: v3 (which falls back to v2)."""
+    N, C, H, W = x.shape
+    PH, PW = y.shape[2], y.shape[3]
+    if not _k2s2(kh, kw, sh, sw, ph, pw, H, W, PH, PW):
+        max_pool_fwd_v3_k2s2(x, kh, kw, sh, sw, ph, pw, y, mask)
+        return
+    _check(x, y, kh, kw, sh, sw, ph, pw)
+    xf, yf, mf = x.reshape(x.size), y.reshape(y.size), mask.reshape(mask.size)
+    for r in range(N * C * PH):  # output row r: input rows 2r and 2r + 1 of the flat (N*C*H, W)
+        x0 = _U(2 * r * W)
+        x1 = x0 + _U(W)
+        o = _U(r * PW)
+        corner = (2 * r % H) * W  # the window row's first index inside its (n, c) plane
+        for q in range(PW):
+            w = _U(2 * q)
+            best, off = xf[x0 + w], 0
+            v = xf[x0 + w + _U(1)]
+            gt = v > best
+            best, off = (v, 1) if gt else (best, off)
+            v = xf[x1 + w]
+            gt = v > best
+            best, off = (v, W) if gt else (best, off)
+            v = xf[x1 + w + _U(1)]
+            gt = v > best
+            best, off = (v, W + 1) if gt else (best, off)
+            yf[o + _U(q)] = best
+            mf[o + _U(q)] = corner + 2 * q + off
+
+
 # -- v4: prange over planes -----------------------------------------------------------------------
 @njit(nogil=True, cache=True, parallel=True)
 def max_pool_fwd_v4_prange(x, kh, kw, sh, sw, ph, pw, y, mask):
@@ -459,6 +505,7 @@ VERSIONS = {
         "v2_plane": max_pool_fwd_v2_plane,
         "v3_k2s2": max_pool_fwd_v3_k2s2,
         "v4_prange": max_pool_fwd_v4_prange,
+        "v5_k2s2_select": max_pool_fwd_v5_k2s2_select,
     },
     "max_pool_bwd": {
         "v1_naive": max_pool_bwd_v1_naive,
@@ -478,7 +525,7 @@ VERSIONS = {
     },
 }
 DEFAULTS = {
-    "max_pool_fwd": "v3_k2s2",
+    "max_pool_fwd": "v5_k2s2_select",
     "max_pool_bwd": "v2_plane",
     "ave_pool_fwd": "v3_k2s2",
     "ave_pool_bwd": "v2_plane",

@@ -163,3 +163,20 @@ def test_k2s2_fast_path_and_odd_sizes(shape):
         y = np.empty(yshape, np.float32)
         fn(x, 2, 2, 2, 2, 0, 0, y)
         assert_close(y, a_ref, sum_tol(np.float32, 4, a_mag), kernel="ave_pool_fwd", version=ver, shape=str(shape))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_k2s2_windows_full_of_ties_keep_the_first_in_scan_order(dtype):
+    """Values from {-1, 0, 1}: most 2x2 windows hold their maximum two or more times, so every
+    tie-breaking order (v5's selects among them) is exercised against the reference's argmax;
+    an exact tiling (v5's fast path) and an odd one (its fallback)."""
+    rng = np.random.default_rng(11)
+    for shape in ((4, 6, 8, 12), (2, 3, 7, 9)):
+        x = rng.integers(-1, 2, shape).astype(dtype)
+        yshape = shape[:2] + (shape[2] // 2, shape[3] // 2)
+        y_ref, m_ref = K.max_pool_fwd_reference(x, 2, 2, 2, 2, 0, 0, *yshape[2:])
+        for ver, fn in versions(K, "max_pool_fwd"):
+            y, mask = np.full(yshape, np.nan, dtype), np.full(yshape, -7, np.int32)
+            fn(x, 2, 2, 2, 2, 0, 0, y, mask)
+            assert_equal(mask, m_ref, kernel="max_pool_fwd(mask)", version=ver, shape=str(shape))
+            assert_equal(y, y_ref.astype(dtype), kernel="max_pool_fwd", version=ver, shape=str(shape))
