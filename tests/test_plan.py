@@ -221,8 +221,8 @@ def test_time_tool_times_segment_layers_inside_the_lanes(tmp_path, restore, caps
 def test_a_lenet_step_in_two_lanes_allocates_no_temporaries(tmp_path, restore):
     """After warm-up, a whole LeNet training step (batch 64, Caffe's SGD solver) run by the step
     plan in two lanes -- forward, backward, the lanes' gradient reduction, the update --
-    allocates no array: tracemalloc (which sees numpy's buffers, on every thread) peaks at
-    less than one activation's size above where the step began."""
+    allocates no array of a blob's size: tracemalloc (which sees numpy's buffers, on every
+    thread; not numba's own) peaks at less than two lanes' ufunc buffers above the start."""
     import re
     import tracemalloc
 
@@ -254,6 +254,9 @@ def test_a_lenet_step_in_two_lanes_allocates_no_temporaries(tmp_path, restore):
         peak = tracemalloc.get_traced_memory()[1] - start
     finally:
         tracemalloc.stop()
-    # numpy's ufuncs keep up to two 8192-element buffers (64 KiB in float32) for a strided add;
-    # conv1's output is 64 x 20 x 24 x 24 x 4 bytes = 2.9 MB, pool2's 0.8 MB, ip1's 128 KB
-    assert peak < 96 * 1024, f"a LeNet step in two lanes allocated {peak} bytes above its start"
+    # numpy's ufuncs keep up to two 8192-element buffers (64 KiB in float32) while they add a
+    # transposed array (the convolutions' bias epilogue), and both lanes may do so at once: the
+    # limit is twice test_memory_training's one-lane PHASE_LIMIT.  It catches a temporary of a
+    # lane's half of conv1, pool1 or conv2 (1.5 MB, 369 KB, 410 KB), of a column buffer or of
+    # ip1's 1.6 MB weight gradient; not one as small as a lane's half of pool2 (102 KB)
+    assert peak < 2 * 72 * 1024, f"a LeNet step in two lanes allocated {peak} bytes above its start"
