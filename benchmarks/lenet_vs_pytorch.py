@@ -27,6 +27,12 @@ Configurations (T = the machine's cores, 2 on the machine of docs/CPU_SPEED.md):
   minicaffe --workers T       SingleCaffe: T worker threads + the server thread, BLAS 1 thread
   torch eager 1 / T threads   PyTorch, ``torch.set_num_threads``
   torch.compile T threads     the model compiled once (inductor, C++ on the CPU)
+  caffe time 1 / T threads    with ``--caffe BIN`` (or a ``caffe`` on PATH): BVLC Caffe's own
+                              ``caffe time`` on the same net (its Data layers replaced by an
+                              Input layer of the batch's shape; Caffe zero-fills it), OpenBLAS 1 /
+                              T threads.  ``caffe time`` runs forward + backward and no update,
+                              and reports the mean of ``--steps`` iterations, not the median: a
+                              little less work than the other rows, said in the row's label
 
 PyTorch is a benchmark-only dependency: ``pip install -e ".[bench]"`` (torch==2.13.0, CPU build).
 """
@@ -34,6 +40,7 @@ PyTorch is a benchmark-only dependency: ``pip install -e ".[bench]"`` (torch==2.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -181,9 +188,73 @@ def run_torch(net, cfg, steps, warmup):
     return times, float(loss)
 
 
+# -- BVLC Caffe's caffe time ------------------------------------------------------------------------------
+def caffe_time_model(net, path):
+    """Write the net's TRAIN phase for ``caffe time`` to ``path``: its Data layers replaced by one
+    Input layer of the same tops and shapes (``caffe time`` needs no database then)."""
+    from minicaffe import proto
+
+    param, _ = load_solver_param_for(net)
+    netp = proto.parse_file(os.path.join(ROOT, "nets", param.net), "NetParameter")
+    shape = (BATCH[net], 1, 28, 28) if net == "lenet" else (BATCH[net], 3, 32, 32)
+    dims = " ".join(f"dim: {d}" for d in shape)
+    text = [
+        f'name: "{netp.name}"',
+        f'layer {{ name: "data" type: "Input" top: "data" top: "label" '
+        f"input_param {{ shape {{ {dims} }} shape {{ dim: {shape[0]} }} }} }}",
+    ]
+    for lp in netp.layer:
+        if lp.type == "Data" or any(r.phase == "TEST" for r in lp.include):
+            continue
+        lp.clear("include")
+        text.append("layer {\n" + proto.to_text(lp, indent=1) + "}")
+    with open(path, "w") as f:
+        f.write("\n".join(text) + "\n")
+
+
+def load_solver_param_for(net):
+    from minicaffe.solvers import load_solver_param
+
+    return load_solver_param(os.path.join(ROOT, "nets", SOLVERS[net]))
+
+
+def run_caffe(net, cfg, steps, warmup):
+    """``caffe time -model <net> -iterations <steps>`` in a child; its mean Forward-Backward."""
+    import re
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, f"{net}_time.prototxt")
+        caffe_time_model(net, model)
+        out = subprocess.run(
+            [cfg["binary"], "time", "-model", model, "-iterations", str(steps)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, GLOG_logtostderr="1"),
+        )
+    text = out.stdout + out.stderr
+    m = re.search(r"Average Forward-Backward: ([0-9.]+) ms", text)
+    if out.returncode != 0 or m is None:
+        raise SystemExit(f"caffe time failed (exit {out.returncode}):\n{text[-3000:]}")
+    return [float(m.group(1)) / 1000.0], float("nan")
+
+
+def children_peak_mib():
+    """The peak resident memory of the largest child process that has ended (caffe's)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
+
+
 # -- the driver ------------------------------------------------------------------------------------------
-def configurations(cores):
+def configurations(cores, caffe=None):
     t = cores
+    extra = []
+    if caffe:
+        extra = [
+            ("caffe time 1 thread (fwd+bwd, no update)", {"fw": "caffe", "binary": caffe, "threads": 1}),
+            (f"caffe time {t} threads (fwd+bwd, no update)", {"fw": "caffe", "binary": caffe, "threads": t}),
+        ]
     return [
         ("minicaffe 1 thread", {"fw": "minicaffe", "lanes": 1, "blas": 1}),
         (f"minicaffe BLAS x{t}", {"fw": "minicaffe", "lanes": 1, "blas": t}),
@@ -193,15 +264,18 @@ def configurations(cores):
         ("torch eager 1 thread", {"fw": "torch", "threads": 1}),
         (f"torch eager {t} threads", {"fw": "torch", "threads": t}),
         (f"torch.compile {t} threads", {"fw": "torch", "threads": t, "compile": True}),
-    ]
+    ] + extra
 
 
 def child(net, cfg, steps, warmup):
     if cfg["fw"] == "minicaffe":
         times, loss = run_minicaffe(net, cfg, steps, warmup)
+    elif cfg["fw"] == "caffe":
+        times, loss = run_caffe(net, cfg, steps, warmup)
     else:
         times, loss = run_torch(net, cfg, steps, warmup)
-    print(json.dumps({"times": times, "loss": loss, "peak_mib": peak_rss_mib()}))
+    peak = children_peak_mib() if cfg["fw"] == "caffe" else peak_rss_mib()
+    print(json.dumps({"times": times, "loss": loss, "peak_mib": peak}))
 
 
 def spawn(net, cfg, steps, warmup):
@@ -233,6 +307,11 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--only", nargs="+", help="configurations whose label starts with any of these")
     p.add_argument("--json", help="write the results here")
+    p.add_argument(
+        "--caffe",
+        default=shutil.which("caffe"),
+        help="BVLC Caffe's caffe binary: adds caffe time rows (default: a caffe on PATH; none: no rows)",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -257,7 +336,9 @@ def main():
         f"configuration; {model}, {cores} cores; numpy {numpy.__version__}, numba {numba.__version__}, "
         f"torch {torch_version}; load {load()} at the start"
     )
-    cfgs = [c for c in configurations(cores) if not args.only or any(c[0].startswith(o) for o in args.only)]
+    if args.caffe:
+        print(f"caffe time rows from {args.caffe}")
+    cfgs = [c for c in configurations(cores, args.caffe) if not args.only or any(c[0].startswith(o) for o in args.only)]
     results = []
     for net in args.nets:
         runs = {label: [] for label, _ in cfgs}
