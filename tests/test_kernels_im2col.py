@@ -67,6 +67,37 @@ def test_col2im_every_version(geo, seed):
             )
 
 
+@pytest.mark.parametrize(
+    "xshape, g",
+    [
+        ((3, 4, 12, 12), (5, 5, 0, 0, 1, 1, 1, 1)),  # LeNet conv2's geometry: every tap inside
+        ((2, 3, 11, 9), (3, 2, 0, 0, 2, 1, 2, 1)),  # row stride and dilation, unit column stride
+        ((2, 2, 7, 7), (3, 3, 1, 0, 1, 1, 1, 1)),  # a row pad: only the middle kernel row inside
+    ],
+)
+def test_taps_wholly_inside_the_image(xshape, g):
+    """Taps that lie wholly inside the image at unit column stride take v3's short path (bare
+    row copies / additions); random geometry reaches it rarely (it needs sw = 1 and no pad on
+    that tap), so these shapes pin it, mixed with padded taps in the last one."""
+    rng = np.random.default_rng(7)
+    x64 = rng.standard_normal(xshape)
+    ref = K.im2col_reference(x64, *g)
+    col64 = rng.standard_normal(ref.shape)
+    back = K.col2im_reference(col64, *g, xshape)
+    mag = K.col2im_reference(np.abs(col64), *g, xshape)
+    for dtype in DTYPES:
+        for ver, fn in versions(K, "im2col"):
+            col = np.full(ref.shape, np.nan, dtype)
+            fn(x64.astype(dtype), *g, col)
+            assert_equal(col, ref.astype(dtype), kernel="im2col", version=ver, shape=f"x{xshape} k,p,s,d={g}")
+        for ver, fn in versions(K, "col2im"):
+            x = np.full(xshape, np.nan, dtype)
+            fn(col64.astype(dtype), *g, x)
+            assert_close(
+                x, back, sum_tol(dtype, g[0] * g[1], mag), kernel="col2im", version=ver, shape=f"x{xshape} k,p,s,d={g}"
+            )
+
+
 def _direct_conv(x, w, ph, pw, sh, sw, dh, dw):
     """The convolution by definition, one output at a time (float64)."""
     N, C, H, W = x.shape
