@@ -24,8 +24,9 @@ Versions:
   v3_flat    v2's loops on flat views of x and col with unsigned offsets: no array view is
              made inside the loops (each costs two atomic reference-count updates) and no
              negative-index fix-up is compiled into each access.  2-4x faster than v2 when
-             output rows are short (LeNet's conv2: 8 values).  Serial, nogil: the engine's
-             default.
+             output rows are short (LeNet's conv2: 8 values).  A tap wholly inside the image
+             at unit column stride (every tap of an unpadded convolution) is a bare loop of
+             row copies: 1.5-1.8x on LeNet's conv2.  Serial, nogil: the engine's default.
   v4_prange  v3 with numba's prange (im2col: rows of col split across cores; col2im: channels,
              which write disjoint parts of x).  Opt-in: numba's default workqueue threading
              layer cannot run two parallel regions at once, so it must not be called from
