@@ -6,7 +6,10 @@ hold by themselves, and where the rest goes, in one run.
 
 Every row is a fresh process; its peak is the kernel's own count (``ru_maxrss`` of the child,
 read with ``os.wait4``: the most resident memory it ever held, file-backed pages of shared
-libraries included, as ``/usr/bin/time -v`` reports it).  The baselines:
+libraries included, its exit included, as ``/usr/bin/time -v`` reports it).  This script
+imports nothing but the standard library: a child's ``ru_maxrss`` starts from its parent's
+resident size when it is spawned (Linux counts the parent's pages until the exec), so a large
+parent would be measured instead of a small child.  The baselines:
 
   python                     ``python -c pass``
   python + numpy             ``import numpy``
@@ -17,12 +20,14 @@ libraries included, as ``/usr/bin/time -v`` reports it).  The baselines:
   ... + one BLAS sgemm       one float32 GEMM of LeNet's largest shape (OpenBLAS's work buffers)
 
 Then the train tool itself (``--no-plot`` and with its curves.png), and a breakdown: a child
-process goes through what the tool does, stage by stage (import the tool, open the data, build
-the nets, plan their arena, the first iteration, more iterations, a test, a snapshot, release
-the nets, the plot), printing the
-resident memory after each (VmRSS), the peak so far (VmHWM) and, from a second child run under
-``tracemalloc``, the bytes numpy holds in arrays at that point.  Ratios are to the target
-(150 MiB) and to the python + numpy + numba baseline.
+process goes through what the tool does, stage by stage (import the tool, release LLVM's code,
+load numba's runtime, open the data, build the nets, plan their arena, the first iteration, more
+iterations, a test, a snapshot, release the nets, the plot), printing after each the resident
+memory (VmRSS), the peak so far (VmHWM), where it is by mapping (/proc/self/smaps: LLVM's code,
+the other libraries, the C heap, anonymous memory) and, from a second child run under
+``tracemalloc``, the bytes numpy holds in arrays.  A thread of the first child samples VmRSS
+every millisecond and prints, at the highest, the resident MiB of every mapping.  Ratios are to
+the target (150 MiB) and to the python + numpy + numba baseline.
 """
 
 import argparse
@@ -75,6 +80,9 @@ def measure(cmd, cwd=None):
 
 
 # -- the stage-by-stage child ----------------------------------------------------------------------
+LLVM_LIBRARIES = ("libllvmlite", "libLLVM")  # as minicaffe/memory/jitcode.py finds LLVM's library
+
+
 def status_mib():
     out = {}
     with open("/proc/self/status") as f:
@@ -83,6 +91,61 @@ def status_mib():
             if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
                 out[key] = int(value.split()[0]) / 1024.0
     return out
+
+
+def smaps_mib():
+    """{mapping: resident MiB} of this process from /proc/self/smaps: a shared library or file by
+    its base name; [heap], [stack], and anonymous mappings (numpy's large arrays, the arena,
+    Python's object arenas, thread stacks, OpenBLAS's and LLVM's buffers) together as [anon]."""
+    out = {}
+    name = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head, _, rest = line.partition(" ")
+            if "-" in head and not head.endswith(":"):
+                fields = rest.split(None, 4)
+                path = fields[4].strip() if len(fields) > 4 else ""
+                name = os.path.basename(path) if path.startswith("/") else (path if path in ("[heap]",) else "[anon]")
+            elif head == "Rss:":
+                out[name] = out.get(name, 0.0) + int(rest.split()[0]) / 1024.0
+    return out
+
+
+def categories(smaps):
+    """The per-mapping MiB summed into: LLVM's code, OpenBLAS's code, the other files (Python,
+    numpy, C libraries, extension modules), the C heap ([heap]: malloc), anonymous mappings."""
+    out = {"llvm": 0.0, "openblas": 0.0, "files": 0.0, "heap": 0.0, "anon": 0.0}
+    for name, mib in smaps.items():
+        if name.startswith(LLVM_LIBRARIES):
+            out["llvm"] += mib
+        elif "openblas" in name:
+            out["openblas"] += mib
+        elif name == "[heap]":
+            out["heap"] += mib
+        elif name.startswith("["):
+            out["anon"] += mib
+        else:
+            out["files"] += mib
+    return out
+
+
+class PeakWatch:
+    """A thread that reads VmRSS every millisecond and, at each new high, records the stage and
+    the resident MiB per mapping: where the peak's bytes were.  (A spike shorter than a poll can
+    be missed: VmHWM, the kernel's own high-water mark, is printed beside it.)"""
+
+    def __init__(self):
+        import threading
+
+        self.stage, self.rss, self.at, self.smaps = "start", 0.0, None, {}
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        while True:
+            rss = status_mib()["VmRSS"]
+            if rss > self.rss + 0.25:
+                self.rss, self.at, self.smaps = rss, self.stage, smaps_mib()
+            time.sleep(0.001)
 
 
 def stages_child(iters, traced):
@@ -94,8 +157,10 @@ def stages_child(iters, traced):
     import numba  # noqa: F401
     import numpy as np
 
+    watch = None if traced else PeakWatch()
+
     def mark(name):
-        row = {"stage": name, **status_mib()}
+        row = {"stage": name, **status_mib(), **categories(smaps_mib())}
         if traced:
             import tracemalloc
 
@@ -103,53 +168,63 @@ def stages_child(iters, traced):
             snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, domain)])
             row["numpy"] = sum(s.size for s in snap.statistics("filename")) / 2**20
         print(json.dumps(row), flush=True)
+        if watch is not None:
+            watch.stage = f"after: {name}"
 
     mark("python + numpy + numba imported")
+    from minicaffe.memory import jitcode
     from minicaffe.tools import train
     from minicaffe.tools.common import resolve_solver
 
     mark("train tool imported")
-    from minicaffe.parallel import blas, lanes
-    from minicaffe.solvers import get_solver, load_solver_param
+    with jitcode.keep_llvm_code_out():  # what the train tool's main does
+        mark("LLVM's code released (what importing numba touched)")
+        from minicaffe.parallel import blas, lanes
+        from minicaffe.solvers import get_solver, load_solver_param
 
-    n = max(1, blas.cores())
-    lanes.set_count(n)
-    blas.set_threads(1)
-    from minicaffe.data import get_dataset
+        n = max(1, blas.cores())
+        lanes.set_count(n)
+        blas.set_threads(1)
+        jitcode.load_jit_runtime()
+        mark("numba's runtime and JIT engine loaded (one cached kernel), LLVM's code released")
+        from minicaffe.data import get_dataset
 
-    get_dataset("mnist_train"), get_dataset("mnist_test")
-    mark("MNIST opened")
-    out_dir = tempfile.mkdtemp(prefix="minicaffe-memory-")
-    param, base_dir = load_solver_param(resolve_solver("lenet"))
-    param.snapshot_prefix = os.path.join(out_dir, "lenet")
-    solver = get_solver(param, base_dir=base_dir, log=lambda *a: None)
-    mark("nets built (train batch 64, test batch 100)")
-    from minicaffe.memory import plan_training
+        get_dataset("mnist_train"), get_dataset("mnist_test")
+        mark("MNIST opened")
+        out_dir = tempfile.mkdtemp(prefix="minicaffe-memory-")
+        param, base_dir = load_solver_param(resolve_solver("lenet"))
+        param.snapshot_prefix = os.path.join(out_dir, "lenet")
+        solver = get_solver(param, base_dir=base_dir, log=lambda *a: None)
+        mark("nets built (train batch 64, test batch 100)")
+        from minicaffe.memory import plan_training
 
-    arena = plan_training(solver, run_first=False)  # what the train tool does
-    mark(f"one arena planned ({arena.size / 2**20:.1f} MiB; unshared {arena.naive / 2**20:.1f})")
-    solver.step(1)
-    mark("first iteration (kernels from numba's cache, BLAS buffers)")
-    solver.step(iters - 1)
-    mark(f"{iters} iterations")
-    solver.test_all()
-    mark("a test (100 batches of 100)")
-    solver.step(iters)
-    mark(f"{2 * iters} iterations")
-    solver.snapshot()
-    mark("a snapshot")
-    import gc
+        arena = plan_training(solver, run_first=False)  # what the train tool does
+        mark(f"one arena planned ({arena.size / 2**20:.1f} MiB; unshared {arena.naive / 2**20:.1f})")
+        solver.step(1)
+        mark("first iteration (kernels from numba's cache, arena touched, BLAS buffers)")
+        solver.step(iters - 1)
+        mark(f"{iters} iterations")
+        solver.test_all()
+        mark("a test (100 batches of 100)")
+        solver.step(iters)
+        mark(f"{2 * iters} iterations")
+        solver.snapshot()
+        mark("a snapshot")
+        import gc
 
-    solver = arena = None
-    gc.collect()
-    mark("nets, arena and data readers released")
-    data = {
-        "train": {"iter": list(range(10)), "seconds": list(range(10)), "loss": [1.0 / (i + 1) for i in range(10)]},
-        "test": [{"net": 0, "iter": 9, "seconds": 9, "outputs": {"loss": 0.1, "accuracy": 0.9}}],
-        "solver": "lenet_solver.prototxt",
-    }
-    train.plot_curves(data, os.path.join(out_dir, "curves.png"))
-    mark("curves.png drawn (matplotlib)")
+        solver = arena = None
+        gc.collect()
+        mark("nets, arena and data readers released")
+        data = {
+            "train": {"iter": list(range(10)), "seconds": list(range(10)), "loss": [1.0 / (i + 1) for i in range(10)]},
+            "test": [{"net": 0, "iter": 9, "seconds": 9, "outputs": {"loss": 0.1, "accuracy": 0.9}}],
+            "solver": "lenet_solver.prototxt",
+        }
+        train.plot_curves(data, os.path.join(out_dir, "curves.png"))
+        mark("curves.png drawn (matplotlib)")
+    if watch is not None:
+        top = sorted(watch.smaps.items(), key=lambda kv: -kv[1])
+        print(json.dumps({"peak": watch.rss, "at": watch.at, "VmHWM": status_mib()["VmHWM"], "mappings": top}))
 
 
 def main():
@@ -187,35 +262,53 @@ def main():
     for name, mib, secs in rows:
         print(f"| {name} | {mib:.1f} | {mib / TARGET_MIB:.2f} | {mib / base:.2f} | {secs:.1f} |")
 
-    stages = {}
+    stages, peak = {}, None
     for traced in (False, True):
         cmd = [py, os.path.abspath(__file__), "--stages-child", str(max(2, args.iters // 2))]
         _, _, out = measure(cmd + (["--traced"] if traced else []), cwd=work)
         for line in out.splitlines():
-            if line.startswith("{"):
+            if line.startswith('{"peak"'):
+                peak = json.loads(line)
+            elif line.startswith("{"):
                 row = json.loads(line)
                 stages.setdefault(row["stage"], {}).update(
                     {k + ("_traced" if traced else ""): v for k, v in row.items() if k != "stage"}
                 )
     print()
-    print("Stage by stage (one process going through the train tool's stages; numpy MiB from a second run")
-    print("under tracemalloc):")
+    print("Stage by stage (one process going through the train tool's stages; resident MiB after each,")
+    print("from /proc/self/status and /proc/self/smaps; numpy MiB from a second run under tracemalloc):")
     print()
-    print("| stage | RSS MiB | + MiB | of it file-backed | peak so far | numpy arrays MiB |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| stage | RSS MiB | + MiB | peak so far | LLVM's code | other libraries | C heap | anonymous | numpy arrays |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     prev = None
     for name, s in stages.items():
         delta = "" if prev is None else f"{s['VmRSS'] - prev:+.1f}"
         print(
-            f"| {name} | {s['VmRSS']:.1f} | {delta} | {s['RssFile']:.1f} | {s['VmHWM']:.1f} | "
+            f"| {name} | {s['VmRSS']:.1f} | {delta} | {s['VmHWM']:.1f} | {s['llvm']:.1f} | "
+            f"{s['files'] + s['openblas']:.1f} | {s['heap']:.1f} | {s['anon']:.1f} | "
             f"{s.get('numpy_traced', float('nan')):.1f} |"
         )
         prev = s["VmRSS"]
+    if peak:
+        print()
+        print(f"At the peak ({peak['peak']:.1f} MiB sampled, VmHWM {peak['VmHWM']:.1f}; {peak['at']}), per mapping:")
+        print()
+        print("| mapping | resident MiB |")
+        print("|---|---|")
+        rest = 0.0
+        for name, mib in peak["mappings"]:
+            if mib >= 0.5:
+                print(f"| {name} | {mib:.1f} |")
+            else:
+                rest += mib
+        print(f"| everything else (each under 0.5) | {rest:.1f} |")
     print()
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "stages": stages, "load": os.getloadavg()}, f, indent=1)
+            json.dump({"rows": rows, "stages": stages, "peak": peak, "load": os.getloadavg()}, f, indent=1)
 
 
 if __name__ == "__main__":

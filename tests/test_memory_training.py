@@ -185,3 +185,29 @@ def test_the_train_tool_plans_one_arena_in_one_process(tmp_path, digits, capsys)
     assert "1 test net(s)" in line
     assert train.main(args + ["--output", str(tmp_path / "two"), "--workers", "2"]) == 0
     assert "Memory: one arena" not in capsys.readouterr().out  # the threaded runtime plans its own
+
+
+def test_the_train_log_is_read_line_by_line_and_a_cut_last_line_is_ignored(tmp_path):
+    """read_log streams train_log.jsonl (a 10,000-iteration log read whole held 8 MiB of Python
+    objects while curves.png was drawn); a last line a kill cut short is dropped, a damaged line
+    before it is an error naming the line."""
+    from minicaffe.errors import MinicaffeError
+    from minicaffe.tools import train
+
+    lines = [
+        '{"kind": "start", "solver": "s.prototxt"}',
+        *(f'{{"kind": "iter", "iter": {i}, "loss": {1 / (i + 1)}, "lr": 0.01, "seconds": {i}}}' for i in range(3)),
+        "",
+        '{"kind": "test", "iter": 2, "net": 0, "seconds": 2.5, "outputs": {"accuracy": 0.5}}',
+    ]
+    log = tmp_path / train.LOG_NAME
+    log.write_text("\n".join(lines) + '\n{"kind": "iter", "iter": 3, "lo')  # killed mid-write
+    data = train.read_log(str(tmp_path))
+    assert data["train"]["iter"] == [0, 1, 2] and data["train"]["loss"] == [1.0, 0.5, 1 / 3]
+    assert [t["outputs"] for t in data["test"]] == [{"accuracy": 0.5}] and data["solver"] == "s.prototxt"
+    log.write_text("\n".join(lines[:2] + ['{"kind": "iter", "it'] + lines[2:]) + "\n")
+    with pytest.raises(MinicaffeError, match=r"train_log.jsonl:3: not a JSON record"):
+        train.read_log(str(log))
+    log.write_text("\n".join(lines) + '\n{"kind": "iter", "iter": 3, "lo\n')  # ends with a newline: damaged
+    with pytest.raises(MinicaffeError, match=r":7: not a JSON record"):
+        train.read_log(str(log))

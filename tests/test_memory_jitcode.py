@@ -1,0 +1,143 @@
+"""LLVM's code resident only while numba compiles (minicaffe/memory/jitcode.py): released pages
+leave the process's resident set, kernels still run after, a compile inside ``keep_llvm_code_out``
+ends with the pages released again, and the train tool's peak stays under its budget."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numba
+import numpy as np
+import pytest
+
+from minicaffe.memory import jitcode
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc/self/smaps and calls madvise (Linux)"
+)
+
+
+def kept_bytes():
+    """LLVM's resident bytes that no release can drop (its relocated, written-once pages)."""
+    return sum(m.get("Rss", 0) for m in jitcode.llvm_mappings() if not jitcode.releasable(m)) * 1024
+
+
+def fresh_kernel(k):
+    """A new function each call, so numba compiles it (no cache): LLVM runs."""
+    return numba.njit(lambda a: a * k + 1.0)
+
+
+@linux_only
+def test_llvm_code_leaves_the_resident_set_and_kernels_still_run():
+    jitcode.load_jit_runtime(release=False)
+    assert jitcode.llvm_mappings(), "numba's LLVM library is not mapped in this process"
+    kernel = fresh_kernel(2.0)
+    assert kernel(1.0) == 3.0
+    assert jitcode.resident_llvm_bytes() > kept_bytes() + 4 * 2**20  # the compile touched LLVM's code
+    released = jitcode.release_llvm_code()
+    assert released > 4 * 2**20
+    assert jitcode.resident_llvm_bytes() <= kept_bytes() + 2**20
+    x = np.zeros(1)
+    jitcode.first_kernel(x)  # machine code numba loaded before the release runs as before
+    assert x[0] == 1.0 and kernel(2.0) == 5.0
+    assert jitcode.resident_llvm_bytes() <= kept_bytes() + 2**20  # and running it needs no LLVM
+
+
+@linux_only
+def test_a_compile_inside_the_block_ends_with_llvm_released_and_outside_does_not():
+    with jitcode.keep_llvm_code_out() as listener:
+        assert jitcode.resident_llvm_bytes() <= kept_bytes() + 2**20  # released on entry
+        before = listener.count
+        assert fresh_kernel(3.0)(2.0) == 7.0
+        assert listener.count > before  # the compile's outermost lock released the pages
+        assert jitcode.resident_llvm_bytes() <= kept_bytes() + 2**20
+    count = listener.count
+    assert fresh_kernel(5.0)(2.0) == 11.0  # outside the block: nothing listens
+    assert listener.count == count
+    assert jitcode.resident_llvm_bytes() > kept_bytes() + 2**20  # LLVM ran and stays resident
+
+
+def test_only_read_only_clean_mappings_are_releasable():
+    text = {"start": 0, "end": 4096, "perms": "r-xp", "path": "libllvmlite.so", "Rss": 4, "Anonymous": 0}
+    assert jitcode.releasable(text)
+    assert not jitcode.releasable(dict(text, perms="rw-p"))  # data: written
+    assert not jitcode.releasable(dict(text, perms="r--p", Anonymous=4))  # relocated, then made read-only
+    assert not jitcode.releasable(dict(text, Private_Dirty=4))
+
+
+def test_llvm_mappings_found_by_library_name(tmp_path):
+    smaps = tmp_path / "smaps"
+    smaps.write_text(
+        textwrap.dedent(
+            """\
+            7f0000000000-7f0000400000 r-xp 00000000 08:01 12 /venv/llvmlite/binding/libllvmlite.so
+            Size:               4096 kB
+            Rss:                2048 kB
+            Private_Dirty:         0 kB
+            Anonymous:             0 kB
+            7f0000400000-7f0000401000 r--p 00400000 08:01 12 /venv/llvmlite/binding/libllvmlite.so
+            Rss:                   4 kB
+            Private_Dirty:         4 kB
+            Anonymous:             4 kB
+            7f0000500000-7f0000600000 r-xp 00000000 08:01 13 /usr/lib/libpython3.11.so.1.0
+            Rss:                1024 kB
+            Anonymous:             0 kB
+            7f0000700000-7f0000800000 rw-p 00000000 00:00 0
+            Rss:                1024 kB
+            """
+        )
+    )
+    maps = jitcode.llvm_mappings(str(smaps))
+    assert [(m["perms"], m["Rss"], m["Anonymous"]) for m in maps] == [("r-xp", 2048, 0), ("r--p", 4, 4)]
+    assert [jitcode.releasable(m) for m in maps] == [True, False]
+    assert jitcode.llvm_mappings(str(tmp_path / "absent")) == []
+
+
+TRAIN = """
+import numpy as np, os, sys
+from minicaffe.data import register_dataset
+from minicaffe.tools import train
+rng = np.random.default_rng(0)
+register_dataset("mem_train", rng.integers(0, 256, (640, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 640))
+register_dataset("mem_test", rng.integers(0, 256, (1000, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 1000))
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+# A child's ru_maxrss starts from its parent's resident size when it was spawned (Linux counts the
+# parent's pages until the exec), and pytest's is larger than the budget: a small Python process
+# starts the run and reports the kernel's peak of the whole child process, its exit included.
+MEASURE = """
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+out = proc.stdout.read()
+_, status, usage = os.wait4(proc.pid, 0)
+print(out[-3000:])
+print("exit", os.waitstatus_to_exitcode(status), "peak KiB", usage.ru_maxrss)
+"""
+
+
+@linux_only
+@pytest.mark.slow
+def test_train_lenet_peaks_under_its_budget(tmp_path):
+    """LeNet (batch 64, test batch 100, two lanes) through the train tool in a fresh process: the
+    kernel's own peak (ru_maxrss) stays under 150 MiB without the plot; it was 197 MiB when
+    LLVM's code stayed resident (docs/CPU_SPEED.md, "Memory")."""
+    text = open(os.path.join(ROOT, "nets", "lenet_train_test.prototxt")).read()
+    text = text.replace('source: "mnist_train"', 'source: "mem_train"')
+    text = text.replace('source: "mnist_test"', 'source: "mem_test"')
+    assert "mem_train" in text and "mem_test" in text, "nets/lenet_train_test.prototxt's sources changed"
+    net = tmp_path / "lenet.prototxt"
+    net.write_text(text)
+    solver = open(os.path.join(ROOT, "nets", "lenet_solver.prototxt")).read()
+    solver = solver.replace('net: "lenet_train_test.prototxt"', f'net: "{net}"')
+    assert str(net) in solver, "nets/lenet_solver.prototxt no longer names its net as this test expects"
+    (tmp_path / "solver.prototxt").write_text(solver)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [str(tmp_path / "solver.prototxt"), "--iters", "30", "--test-interval", "15", "--no-plot", "--lanes", "2"]
+    cmd = [sys.executable, "-c", MEASURE, sys.executable, "-c", TRAIN, *args, "--output", str(tmp_path / "run")]
+    out = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600).stdout
+    code, peak_kib = (int(x) for x in out.split()[-4::3])
+    assert code == 0, out
+    assert peak_kib / 1024 <= 150, f"train lenet peaked at {peak_kib / 1024:.1f} MiB"
