@@ -210,11 +210,11 @@ def stages_child(iters, traced):
         mark(f"{2 * iters} iterations")
         solver.snapshot()
         mark("a snapshot")
-        import gc
+        from minicaffe.memory.planner import trim_heap
 
         solver = arena = None
-        gc.collect()
-        mark("nets, arena and data readers released")
+        trim_heap()  # what the train tool does before the plot
+        mark("nets, arena and data readers released, C heap trimmed")
         data = {
             "train": {"iter": list(range(10)), "seconds": list(range(10)), "loss": [1.0 / (i + 1) for i in range(10)]},
             "test": [{"net": 0, "iter": 9, "seconds": 9, "outputs": {"loss": 0.1, "accuracy": 0.9}}],
