@@ -787,12 +787,29 @@ def bucket_tag(r):
     return f"{r['bucket_kb']:g}K" if "bucket_kb" in r else "blob"
 
 
-def validation(results):
-    """Predicted / measured seconds per iteration of every run, and how many are within 15%."""
+def measured_since(results, earlier):
+    """The keys of the runs measured again (or added) since ``earlier``, another version of the
+    results: a grid re-run in part holds runs of two versions of the code, and each part is
+    checked against a calibration of its own code."""
+    return {k for k, r in results.items() if r.get("seconds_per_iter") != earlier.get(k, {}).get("seconds_per_iter")}
+
+
+def results_at(commit, path):
+    """A results file as it was at a git commit (``git show``)."""
+    rel = os.path.relpath(os.path.abspath(path), ROOT)
+    r = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:{rel}"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"--since {commit}: {r.stderr.strip()}")
+    return json.loads(r.stdout)["results"]
+
+
+def validation(results, only=None):
+    """Predicted / measured seconds per iteration of every run (or of the keys in ``only``), and
+    how many are within 15%."""
     lines = [f"{'net':<16} {'P':>2} {'link':>7} {'mode':<12} {'measured':>9} {'predicted':>9} {'pred/meas':>9}"]
     inside = total = differ = 0
     for key, r in results.items():
-        if "predicted_s" not in r:
+        if "predicted_s" not in r or (only is not None and key not in only):
             continue
         net, nodes, link, comm, wfbp = key.split("|")
         ratio = r["predicted_s"] / r["seconds_per_iter"]
@@ -893,6 +910,11 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "poseidon_results.json"))
     p.add_argument("--report", help="print the tables and draw the plots of a results file, run nothing")
+    p.add_argument(
+        "--since",
+        metavar="COMMIT",
+        help="with --report: validate only the runs measured again since the results file at this git commit",
+    )
     p.add_argument(
         "--calibration",
         default=os.path.join(ROOT, "benchmarks", "poseidon_calibration.json"),
@@ -1012,7 +1034,10 @@ def main(argv=None):
         code = calibration_code(calib)
         where = os.path.relpath(args.calibration, ROOT) if args.calibration.startswith(ROOT) else args.calibration
         print(f"calibration {where}: measured with the code at {', '.join(code) or '(not recorded)'}")
-    print(validation(results))
+    only = measured_since(results, results_at(args.since, args.report)) if args.since and args.report else None
+    if only is not None:
+        print(f"(the {len(only)} run(s) measured since {args.since})")
+    print(validation(results, only))
     base = os.path.splitext(args.report or args.out)[0]
     plot_throughput(results, base + "_throughput.png")
     for net in {k.split("|")[0] for k in results}:

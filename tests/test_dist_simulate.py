@@ -403,3 +403,14 @@ def test_an_sfb_rebuild_is_timed_at_every_node_count_of_the_same_batch():
     r = bench.predicted(calib, "fc", 2, "10gbit", "sfb", "off", "star", "0", sfb={"ip"})
     assert r.methods == {"ip": "sfb"}
     assert r.cpu["sync"] == pytest.approx(6.75e-3)  # not the 2-node calls' own median, 6 ms
+
+
+def test_a_grid_rerun_in_part_is_validated_by_part():
+    bench = _bench()
+    earlier = {"a": {"seconds_per_iter": 1.0}, "b": {"seconds_per_iter": 2.0}}
+    now = {"a": {"seconds_per_iter": 1.0}, "b": {"seconds_per_iter": 2.5}, "c": {"seconds_per_iter": 3.0}}
+    assert bench.measured_since(now, earlier) == {"b", "c"}
+    now = {k: dict(r, predicted_s=r["seconds_per_iter"]) for k, r in now.items()}
+    now = {f"lenet|2|1gbit|{k}|off": r for k, r in now.items()}
+    assert "within 15%: 3 of 3" in bench.validation(now)
+    assert "within 15%: 1 of 1" in bench.validation(now, only={"lenet|2|1gbit|c|off"})
