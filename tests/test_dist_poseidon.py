@@ -363,3 +363,18 @@ def test_bucket_flag_and_the_frame_bound():
     assert frame_bound(net, 0) == ip1  # a bucket per blob: at most the largest layer
     assert frame_bound(net, 4096) == 4096 + ip1
     assert frame_bound(net, 1 << 30) == total
+
+
+def test_host_costs_are_the_calibrations():
+    """The runtime's per-unit costs (cost.HostCosts, constants so that every node plans alike)
+    are what benchmarks/poseidon_calibration.json measured, within 5%: a new calibration that
+    moves them fails here until the constants follow."""
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "poseidon_calibration.json")
+    with open(path) as f:
+        measured = cost.HostCosts.from_calibration(json.load(f))
+    for name in ("cpu_per_byte", "cpu_per_frame", "wfbp_sync_cpu"):
+        got, want = getattr(cost.DEFAULT_HOST, name), getattr(measured, name)
+        assert got == pytest.approx(want, rel=0.05), f"HostCosts.{name} = {got:.3g}, the calibration says {want:.3g}"

@@ -56,20 +56,36 @@ DEFAULT_LINK_RATE = 10e9 / 8  # bytes/s each way the plan assumes where the link
 class HostCosts:
     """What a node pays per sync unit beyond its bytes' time on the wire (``unit_times``).
 
-    The defaults are this project's measurements on a 2-core x86 machine (docs/POSEIDON.md,
-    ``python benchmarks/poseidon.py --calibrate`` and ``--calibrate-runs``), rounded: a byte
-    moved through veth + bridge + tc costs 0.7-1.2 ns of CPU both ends together (linkcheck), a
-    frame 154 us both ends in a LeNet training run (the sender's and receiver's thread wake-ups
-    on busy cores), the rebuild of LeNet's ip1 on 4 nodes (51 MFLOP) plus its update 0.59 ms
-    (about 100 GFLOP/s and 50 GB/s of update traffic, 20 bytes per parameter), and a sync
-    started inside the backward (WFBP) 346 us of thread switches. Every node uses the same
-    constants, so every node makes the same plan (the runs require it)."""
+    The defaults are this project's measurements on a 2-core x86 machine, rounded, as
+    ``python benchmarks/poseidon.py --calibrate`` and ``--calibrate-runs`` wrote them into
+    benchmarks/poseidon_calibration.json (``from_calibration`` reads them back; a test keeps
+    the two within 5%): a byte moved through veth + bridge + tc costs 1.05 ns of CPU both ends
+    together (linkcheck), a frame 109 us both ends in a LeNet training run (the median of the
+    calls kept: the sender's and receiver's thread wake-ups on busy cores), the rebuild of
+    LeNet's ip1 on 4 nodes (51 MFLOP) plus its update 0.59 ms (about 100 GFLOP/s and 50 GB/s of
+    update traffic, 20 bytes per parameter), and a sync started inside the backward (WFBP)
+    263 us of thread switches. Constants, not the file itself: every node must make the same
+    plan (the runs require it), and an installed package has no benchmarks/ to read."""
 
-    cpu_per_byte: float = 1.0e-9
-    cpu_per_frame: float = 154e-6
+    cpu_per_byte: float = 1.05e-9
+    cpu_per_frame: float = 109e-6
     gemm_flops: float = 100e9
     update_bytes_per_s: float = 50e9
-    wfbp_sync_cpu: float = 346e-6
+    wfbp_sync_cpu: float = 263e-6
+
+    @classmethod
+    def from_calibration(cls, doc):
+        """The costs a calibration document (benchmarks/poseidon_calibration.json) measured: the
+        per-byte CPU of the emulated cluster's path, and the medians over its training-run calls
+        of a frame's and a WFBP sync's CPU; the GEMM and update rates stay the defaults."""
+        import statistics
+
+        calls = doc.get("run_calls") or [doc["frame_run"]]
+        return cls(
+            cpu_per_byte=doc["tcp"]["cpu_s_per_byte"],
+            cpu_per_frame=statistics.median(c["cpu_s_per_frame"] for c in calls),
+            wfbp_sync_cpu=statistics.median(c["wfbp_cpu_s_per_sync"] for c in calls),
+        )
 
 
 DEFAULT_HOST = HostCosts()
