@@ -4,6 +4,7 @@ bitwise identical after every update, measured bytes follow the cost rule, SSP a
 threads work, and what cannot work is refused clearly."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -57,11 +58,12 @@ def run(
     resume=None,
     bucket_bytes=None,
     transport=None,
+    setup=None,
     **fields,
 ):
     """Train ``world`` nodes in threads; -> (solvers, nodes, poseidons). ``watch(rank, pos,
-    solver)`` runs after every iteration on every node; node 0 alone snapshots, and restores
-    ``resume`` (a .solverstate) first when given."""
+    solver)`` runs after every iteration on every node; ``setup(nodes, poseidons)`` once before
+    they start; node 0 alone snapshots, and restores ``resume`` (a .solverstate) first when given."""
     solvers = [lenet_solver(iters, **fields) for _ in range(world)]
     for s in solvers[1:]:
         s.param.snapshot, s.param.snapshot_after_train = 0, False
@@ -88,6 +90,8 @@ def run(
         for t in ts:
             t.shutdown()
         raise
+    if setup is not None:
+        setup(nodes, pos)
     errors = {}
 
     def go(r):
@@ -285,6 +289,44 @@ def test_ssp_with_wfbp_keeps_replicas_identical():
         assert np.array_equal(solvers[0].net.learnable_params[i].data, solvers[1].net.learnable_params[i].data)
 
 
+class SlowParams(SocketTransport):
+    """A slow shard: every PARAM frame leaves 30 ms late."""
+
+    def send(self, dst, kind, key, clock, array=None, payload=None):
+        if kind == F.PARAM:
+            time.sleep(0.03)
+        super().send(dst, kind, key, clock, array, payload)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_ssp_bounds_how_stale_a_forward_may_be(staleness):
+    """With WFBP each layer's forward waits for its own parameters: at clock c, version c - s at
+    least (s = --staleness; version v = after v updates), for PS layers (every shard's slice)
+    and SFB layers (the node's own rebuild) alike. Behind a slow shard, SSP 1 does compute on
+    the previous version where BSP waits."""
+    seen = []  # (layer, clock, version) at node 1's forwards
+
+    def setup(nodes, pos):
+        node, p = nodes[1], pos[1]
+        net = p.replicas[0]
+        conv1, ip1 = net.layer_names.index("conv1"), net.layer_names.index("ip1")
+
+        def before(l):
+            if l == conv1:
+                seen.append(("conv1", node.clock, int(node.versions[0].min())))
+            elif l == ip1:
+                seen.append(("ip1", node.clock, p.version[ip1]))
+
+        net.add_hooks(before_forward=before)  # (after Poseidon's: its wait is over)
+
+    run(2, "hybrid", True, iters=6, staleness=staleness, transport=SlowParams, setup=setup)
+    assert {name for name, _, _ in seen} == {"conv1", "ip1"} and len(seen) == 12
+    for name, c, v in seen:
+        assert v >= c - staleness, f"{name} computed clock {c} with version {v} (staleness {staleness})"
+    ahead = [c for name, c, v in seen if name == "conv1" and v < c]
+    assert bool(ahead) == bool(staleness), seen
+
+
 @pytest.mark.parametrize("wfbp", [True, False])
 def test_snapshot_and_resume_keep_the_sfb_layers_history(tmp_path, wfbp):
     prefix = str(tmp_path / "run")
@@ -366,3 +408,38 @@ def test_hybrid_wfbp_over_mpi(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("SFB layers ['ip1']") == 2, r.stdout
     assert np.array_equal(np.load(tmp_path / "ip1_0.npy"), np.load(tmp_path / "ip1_1.npy"))  # replicas bitwise
+
+
+def test_the_timeline_shows_the_overlap_wfbp_buys(tmp_path):
+    """Node 0's per-layer timeline (compute and communication of each layer, what the benchmark
+    plots): with WFBP off every layer's sync starts after the whole backward; with WFBP on, ip1's
+    starts while the convolutions' backward is still running. The benchmark's plot draws both."""
+    import importlib.util
+    import os
+
+    runs = {}
+    for wfbp in (False, True):
+        _, _, pos = run(2, "hybrid", wfbp, iters=5)
+        runs[wfbp] = pos[0].report(5)["timeline"]
+    for wfbp, ev in runs.items():
+        clock = 3  # (recorded: clocks 2 to 4 of 5)
+        backward = {name: (a, b) for lane, name, a, b, c in ev if lane == "backward" and c == clock}
+        syncs = {name: (a, b) for lane, name, a, b, c in ev if lane == "sync" and c == clock}
+        assert {"conv1", "conv2", "ip1", "ip2"} <= set(backward) and set(syncs) == {"conv1", "conv2", "ip1", "ip2"}
+        assert all(a <= b for a, b in syncs.values())
+        end_of_backward = max(b for _, b in backward.values())
+        if wfbp:
+            assert syncs["ip1"][0] < backward["conv1"][1], (syncs["ip1"], backward["conv1"])
+        else:
+            assert min(a for a, _ in syncs.values()) >= end_of_backward, (syncs, end_of_backward)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("poseidon_bench", os.path.join(root, "benchmarks", "poseidon.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = {
+        "lenet|2|1gbit|hybrid|off": {"timeline": runs[False]},
+        "lenet|2|1gbit|hybrid|on": {"timeline": runs[True]},
+    }
+    png = tmp_path / "timeline.png"
+    assert bench.plot_timelines(results, "lenet|2|1gbit|hybrid|off", "lenet|2|1gbit|hybrid|on", str(png))
+    assert png.stat().st_size > 10_000
