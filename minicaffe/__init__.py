@@ -14,6 +14,8 @@ as P``, ``minicaffe.proto.caffe_pb2``, ``caffe.io`` (load_image, Transformer), `
 docs/PYCAFFE.md says what works.
 """
 
+# first: its exit handler must be registered before any other (minicaffe/teardown.py)
+from . import teardown  # noqa: F401  (isort: skip)
 from . import backend as _backend
 from . import io
 from .blob import Blob

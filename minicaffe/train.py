@@ -1,8 +1,7 @@
 """``python -m minicaffe.train``: see minicaffe/tools/train.py."""
 
-import sys
-
+from .teardown import exit_without_teardown
 from .tools.train import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # sys.exit(main()) less LLVM's destructors (minicaffe/teardown.py)
