@@ -1,6 +1,6 @@
 """LLVM's code resident only while numba compiles (minicaffe/memory/jitcode.py): released pages
 leave the process's resident set, kernels still run after, a compile inside ``keep_llvm_code_out``
-ends with the pages released again, and the train tool's peak stays under its budget."""
+ends with the pages released again, and the train tool's peak stays under numba's own."""
 
 import os
 import subprocess
@@ -118,12 +118,34 @@ print("exit", os.waitstatus_to_exitcode(status), "peak KiB", usage.ru_maxrss)
 """
 
 
+# numba imported and one cached kernel loaded (numba's runtime and LLVM's JIT engine built), nothing
+# released: the process every numba program is, before it holds any data
+BASELINE = """
+import sys
+from minicaffe.memory import jitcode
+jitcode.load_jit_runtime(release=False)
+"""
+
+
+def _peak_kib(env, cwd, *argv):
+    """(exit status, ru_maxrss in KiB) of ``python argv...`` started from a small process."""
+    cmd = [sys.executable, "-c", MEASURE, sys.executable, *argv]
+    out = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=600).stdout
+    code, peak_kib = (int(x) for x in out.split()[-4::3])
+    assert code == 0, out
+    return peak_kib
+
+
 @linux_only
 @pytest.mark.slow
-def test_train_lenet_peaks_under_its_budget(tmp_path):
-    """LeNet (batch 64, test batch 100, two lanes) through the train tool in a fresh process: the
-    kernel's own peak (ru_maxrss) stays under 150 MiB without the plot; it was 197 MiB when
-    LLVM's code stayed resident (docs/CPU_SPEED.md, "Memory")."""
+def test_train_lenet_peaks_no_higher_than_numba_itself(tmp_path):
+    """LeNet (batch 64, test batch 100, two lanes) through the train tool in a fresh process, numba's
+    cache warm: its peak (the kernel's ru_maxrss) is no higher than that of a process that only
+    imported numba and loaded one cached kernel: the nets, the arena and the data fit in the LLVM
+    code given back.  On the code before the release it was 197 vs 138 MiB.  The absolute figure
+    depends on the page cache (fault-around maps only pages cached already: importing numba right
+    after llvmlite was installed maps 157 MiB, on a machine whose cold pages were reclaimed 90),
+    so the budget is this machine's own baseline (docs/CPU_SPEED.md, "Memory")."""
     text = open(os.path.join(ROOT, "nets", "lenet_train_test.prototxt")).read()
     text = text.replace('source: "mnist_train"', 'source: "mem_train"')
     text = text.replace('source: "mnist_test"', 'source: "mem_test"')
@@ -136,8 +158,9 @@ def test_train_lenet_peaks_under_its_budget(tmp_path):
     (tmp_path / "solver.prototxt").write_text(solver)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     args = [str(tmp_path / "solver.prototxt"), "--iters", "30", "--test-interval", "15", "--no-plot", "--lanes", "2"]
-    cmd = [sys.executable, "-c", MEASURE, sys.executable, "-c", TRAIN, *args, "--output", str(tmp_path / "run")]
-    out = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600).stdout
-    code, peak_kib = (int(x) for x in out.split()[-4::3])
-    assert code == 0, out
-    assert peak_kib / 1024 <= 150, f"train lenet peaked at {peak_kib / 1024:.1f} MiB"
+    # the first run fills numba's cache with what this run needs that it lacks (compiling holds
+    # LLVM's optimizer: ~270 MiB, documented); the second is measured
+    for run in ("warm", "measured"):
+        peak = _peak_kib(env, tmp_path, "-c", TRAIN, *args, "--output", str(tmp_path / run))
+    baseline = _peak_kib(env, tmp_path, "-c", BASELINE)
+    assert peak <= baseline, f"train lenet peaked at {peak / 1024:.1f} MiB, numba alone at {baseline / 1024:.1f}"
