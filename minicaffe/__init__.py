@@ -16,6 +16,9 @@ docs/PYCAFFE.md says what works.
 
 # first: its exit handler must be registered before any other (minicaffe/teardown.py)
 from . import teardown  # noqa: F401  (isort: skip)
+
+# then, before numba loads LLVM: its library read in small folios (minicaffe/pagecache.py)
+from . import pagecache  # noqa: F401  (isort: skip)
 from . import backend as _backend
 from . import io
 from .blob import Blob
