@@ -153,9 +153,11 @@ def cpu_breakdown(nodes, warmup=2):
         marks = [m for m in rep.get("cpu_marks", []) if m[0] >= warmup]
         if len(marks) < 2:
             continue
-        (c0, t0, u0, k0, b0), (c1, t1, u1, k1, b1) = marks[0], marks[-1]
+        (c0, t0, u0, k0, b0, *g0), (c1, t1, u1, k1, b1, *g1) = marks[0], marks[-1]
         n = c1 - c0
         row = {"period_s": (t1 - t0) / n, "user_s": (u1 - u0) / n, "sys_s": (k1 - k0) / n}
+        if g0 and g1:  # (inside the threads' figures: whichever thread allocated ran the collection)
+            row["gc_s"] = (g1[0] - g0[0]) / n
         threads = 0.0
         for kind, (wall, cpu) in b1.items():
             w0, c_0 = b0.get(kind, [0.0, 0.0])

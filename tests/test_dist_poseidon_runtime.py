@@ -99,8 +99,7 @@ def run(
         try:
             if watch is not None:
                 s.on_iteration.append(lambda solver, loss, lr: watch(r, pos[r], solver))
-            s.set_gradient_source(node.gradient_source)
-            s.set_updater(node.updater)
+            node.attach_solver()
             node.start()
             s.step(iters - s.iter)
             node.reports = node.finish()
@@ -338,6 +337,50 @@ def test_snapshot_and_resume_keep_the_sfb_layers_history(tmp_path, wfbp):
         assert_matches(s, want, tol=1e-5)
 
 
+@pytest.mark.parametrize("wfbp", [True, False])
+def test_iter_size_adds_up_batches_across_nodes(wfbp):
+    """iter_size 2 over PS: each clock's gradient slot holds two batches' sum (the Solver may not
+    skip clearing, and with WFBP it clears a slot no shard is still reading)."""
+    ref = lenet_solver(3, iter_size=2)
+    ref.step(3)
+    want = [p.data.copy() for p in ref.net.learnable_params]
+    solvers, nodes, pos = run(2, "ps", wfbp, iter_size=2)
+    for s in solvers:
+        assert_matches(s, want)
+
+
+def test_the_solver_net_shows_the_node_gradient_and_skips_clearing():
+    """With iter_size 1 the node's gradient source writes the diffs the Solver's net shows (this
+    node's gradient of the clock), so the Solver does not clear them; the node zeroes only what
+    the backward adds into: PS blobs, not an SFB layer's (its replicas never write them)."""
+    seen = []
+
+    class Watch:
+        def on_start(self, solver):  # the diffs as the last clock left them: not cleared
+            if solver.iter > 0:
+                seen.append(("start", float(np.abs(solver.net.learnable_params[0].diff).sum())))
+
+        def on_gradients_ready(self, solver):
+            node = nodes_of[0]
+            same = all(np.shares_memory(p.diff, node.grad(i)) for i, p in enumerate(solver.net.learnable_params))
+            seen.append(("ready", same))
+
+    nodes_of = []
+
+    def setup(nodes, pos):
+        nodes_of.append(nodes[0])
+        nodes[0].solver.add_callback(Watch())
+
+    solvers, nodes, pos = run(2, "hybrid", False, setup=setup)
+    assert [v for k, v in seen if k == "ready"] == [True] * 3
+    assert all(v > 0 for k, v in seen if k == "start") and len(seen) == 5
+    node, p = nodes[0], pos[0]
+    zeroed = {i for i in range(node.n_blobs) for lo, hi in node.zero_ranges if lo <= node.layout.offsets[i] < hi}
+    assert zeroed == set(node.ps_blobs) and not zeroed & set(p.sfb_blobs)
+    for i in p.sfb_blobs:  # never written, never cleared
+        assert not node.grad(i).any()
+
+
 def test_refusals():
     with pytest.raises(MinicaffeError, match="clip_gradients"):
         run(2, "hybrid", False, iters=1, clip_gradients=10.0)
@@ -364,8 +407,7 @@ limit = max(max(p.count for p in solver.net.learnable_params) * 4, frame_limit(s
 t = MPITransport(config_hashes(solver), limit, log=lambda m: None)
 node = Node(solver, t, gradient_slots=2)
 pos = Poseidon(node, "hybrid", True, log=lambda m: None)
-solver.set_gradient_source(node.gradient_source)
-solver.set_updater(node.updater)
+node.attach_solver()
 node.start()
 solver.step(3)
 node.finish()

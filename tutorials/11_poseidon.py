@@ -227,8 +227,7 @@ errors = {}
 def go(r):
     s, node = solvers[r], nodes[r]
     try:
-        s.set_gradient_source(node.gradient_source)
-        s.set_updater(node.updater)
+        node.attach_solver()
         node.start()
         s.step(iters)
         node.reports = node.finish()

@@ -19,6 +19,7 @@ Node 0 is the run's face: it writes the log, the snapshots, train_log.json and t
 testing or snapshotting; under the local launcher their output goes to ``<output>/node<r>.log``.
 """
 
+import gc
 import hashlib
 import os
 import shutil
@@ -344,6 +345,25 @@ def blas_threads(workers):
     return n
 
 
+class FreezeHeap:
+    """A Solver callback for a node's process: after the first iteration (the nets built, numba's
+    kernels compiled) every object alive moves to the garbage collector's permanent generation
+    (``gc.freeze``), so that its full passes walk only what later iterations allocate.  Without
+    it a full pass walks ~100,000 objects (~50 ms of CPU on this machine) every few hundred
+    iterations; the nodes' reports count the collector's time (``gc_s``)."""
+
+    def __init__(self, log=None):
+        self.log, self.done = log, False
+
+    def on_iteration(self, solver, loss, lr):
+        if not self.done:
+            self.done = True
+            gc.collect()  # (what is garbage now need not be kept for the whole run)
+            gc.freeze()
+            if self.log:
+                self.log(f"garbage collector: {gc.get_freeze_count():,} objects frozen after the first iteration")
+
+
 def train(solver, args, log, out_dir=None):
     """Train ``solver`` as one node of the run the flags describe; -> the run's statistics
     (every node's, on node 0).  Raises DistError (a SolverError) when the run cannot go on."""
@@ -393,8 +413,9 @@ def train(solver, args, log, out_dir=None):
     previous = None
     if rank != 0 and os.environ.get(LAUNCHED_ENV):
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # node 0 decides when to stop
-    solver.set_gradient_source(node.gradient_source)
-    solver.set_updater(node.updater)
+    node.attach_solver()
+    freeze = FreezeHeap(log if rank == 0 else None)
+    solver.add_callback(freeze)
     try:
         node.start()
         solver.solve()
@@ -402,8 +423,10 @@ def train(solver, args, log, out_dir=None):
         node.abort()
         raise
     finally:
-        solver.set_gradient_source(None)
-        solver.set_updater(None)
+        node.detach_solver()
+        solver.remove_callback(freeze)
+        if freeze.done:
+            gc.unfreeze()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     reports = node.finish()
@@ -412,7 +435,7 @@ def train(solver, args, log, out_dir=None):
     log(
         f"node {rank}: {mine['iterations']} iterations, {mine['bytes_per_iter'] / 1e6:.3f} MB/iteration "
         f"(sent + received), compute {mine['compute_s']:.2f} s, sync {mine['sync_s']:.2f} s "
-        f"(waiting for parameters {mine['wait_s']:.2f} s)"
+        f"(waiting for parameters {mine['wait_s']:.2f} s), garbage collector {mine['gc_s']:.3f} s"
     )
     for name, s in mine["layers"].items():
         log(

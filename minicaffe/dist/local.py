@@ -63,8 +63,7 @@ def run_nodes(solvers, iters=None, staleness=0, workers=1, link=None, setup=None
         try:
             if setup is not None:
                 setup(node)
-            solver.set_gradient_source(node.gradient_source)
-            solver.set_updater(node.updater)
+            node.attach_solver()
             node.start()
             if iters is None:
                 solver.solve()
@@ -75,8 +74,7 @@ def run_nodes(solvers, iters=None, staleness=0, workers=1, link=None, setup=None
             errors[r] = exc
             node.abort()
         finally:
-            solver.set_gradient_source(None)
-            solver.set_updater(None)
+            node.detach_solver()
 
     threads = [threading.Thread(target=run, args=(r,), name=f"minicaffe-node-{r}") for r in range(world)]
     for t in threads:

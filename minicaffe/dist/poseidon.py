@@ -307,6 +307,8 @@ class Poseidon:
         if l not in self.layer_blobs:
             return
         node, clock = self.node, self.node.clock
+        if node.calls % node.iter_size:  # iter_size > 1 (PS only): the sum is final after the last batch
+            return
         if l in self.sfb:
             s = self.sfb[l]
             slot = clock % self.slots

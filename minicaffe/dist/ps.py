@@ -68,6 +68,7 @@ slices to their shards (HIST); before a snapshot it asks every shard for its his
 and writes the Solver's usual snapshot, which another run (or one process) can resume.
 """
 
+import gc
 import resource
 import threading
 import time
@@ -103,6 +104,39 @@ class ShardNet:
 
 def _quiet(_message):
     pass
+
+
+class GcClock:
+    """CPU seconds spent in Python's cyclic garbage collector while started (``gc.callbacks``:
+    every collection of the process, timed on the thread that triggered it; nodes in threads
+    share them).  A full (generation 2) pass walks every object of the process: some 100,000
+    after numba has compiled, ~50 ms; ``launch.FreezeHeap`` keeps those out of its walk."""
+
+    def __init__(self):
+        self.seconds, self.passes, self._t0 = 0.0, [0, 0, 0], None
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._t0 = time.thread_time()
+        elif self._t0 is not None:
+            self.seconds += time.thread_time() - self._t0
+            self.passes[info["generation"]] += 1
+            self._t0 = None
+
+    def start(self):
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def stop(self):
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+
+def point_diffs(layout, flat):
+    """Make ``flat`` the gradients' storage of ``layout``'s net, as it is (no zeroing: the
+    caller zeroes what the backward accumulates into)."""
+    for b, i in layout.blob_slots:
+        b.attach(b.data_storage, layout.slice(flat, i))
 
 
 def blob_names(net):
@@ -214,8 +248,10 @@ class Node:
         # gradient slots: clock c is computed into G[c % (s + 1)], which stays untouched until
         # every shard has it (a node starts clock c + s + 1 only after version c + 1 exists)
         self.G = np.zeros((self.n_slots, P), self.dtype)
-        self.G_solver = np.zeros(P, self.dtype)  # the Solver clears these diffs; the shards update
-        self.layout.attach_diff(self.G_solver)
+        # the Solver's net shows this node's gradient: its diffs are views of a slot of G, the
+        # one of the clock being computed (``_point_solver_diffs``); the node writes them, so the
+        # Solver need not clear them first (``attach_solver``: the declared seam)
+        self.layout.attach_diff(self.G[0])
         for t in solver.test_nets:
             t.share_with(net)
         sizes = {layer.name: [(b - a) for a, b in self.worker_bounds[layer.name]] for _, layer in self.data_layers}
@@ -282,9 +318,11 @@ class Node:
         self.sync_time = 0.0
         # where the CPU goes: [wall s, thread CPU s] per busy thread kind (the compute thread's
         # forward/backward, this shard's updates; Poseidon adds its SFB thread), and at the start
-        # of every clock (clock, wall s, process user s, process system s, {kind: [wall, cpu]})
+        # of every clock (clock, wall s, process user s, process system s, {kind: [wall, cpu]},
+        # seconds in the garbage collector so far)
         self.busy = {"compute": [0.0, 0.0], "server": [0.0, 0.0]}
         self.cpu_marks = []
+        self.gc_clock = GcClock()  # Python's garbage collector: seconds (in every mark) and passes
         self.timeline = []  # (thread, start, end, what) over the first `timeline_clocks` clocks
         self.timeline_clocks = 3
         self.timeline_start = 1  # set in start(): 10 where the run is long enough
@@ -343,9 +381,11 @@ class Node:
                 layer.load_state_dict(state["data"][layer.name])
             self._load_own_shard(history=False)  # history slices were received into place
         self.iter0 = self.server_version = solver.iter
+        self.gc_clock.start()
         left = solver.param.max_iter - solver.iter
         self.timeline_start = max(1, min(10, left - self.timeline_clocks))
         self.versions[self.versions < (1 << 60)] = solver.iter
+        self._point_solver_diffs(solver.iter)
         self._refresh(range(self.n_blobs))
         self.shard_solver.iter = solver.iter
         self.shard_solver.current_step = solver.current_step
@@ -376,6 +416,14 @@ class Node:
                     (min(max(lo, a), z) - a, max(min(max(lo, a), z), min(hi, z)) - a)
                     for lo, hi in self.bucket_bounds[key]
                 ]
+        # what a clock's backward adds into G, so what is zeroed before it: the PS blobs' ranges
+        # (an SFB layer's replicas skip their weight gradient: it is rebuilt from the factors)
+        self.zero_ranges = []
+        for i in sorted(self.ps_blobs):
+            lo, hi = offsets[i], offsets[i] + counts[i]
+            if self.zero_ranges and self.zero_ranges[-1][1] == lo:
+                lo = self.zero_ranges.pop()[0]
+            self.zero_ranges.append((lo, hi))
         mine = [b[self.rank] for b in self.bounds]
         # the shard's parameters in one vector, blob after blob: a bucket's slice is contiguous
         self.shard_offsets = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in mine])]).astype(int)
@@ -787,7 +835,7 @@ class Node:
                 u, k = r.ru_utime, r.ru_stime
                 with self.cv:
                     busy = {name: list(v) for name, v in self.busy.items()}
-                self.cpu_marks.append((self.clock, t0 - self.t_origin, u, k, busy))
+                self.cpu_marks.append((self.clock, t0 - self.t_origin, u, k, busy, self.gc_clock.seconds))
             recording = self._recording(self.clock)
             self.transport.stats.recording = recording
             past = self.clock - self.iter0 >= self.timeline_start + self.timeline_clocks
@@ -796,11 +844,10 @@ class Node:
                 self._hooks = None
             if self.hooked_push:
                 self.history_asked = self._ask_history(self.clock + 1)
-            slot = self.clock % self.n_slots
+            G = self.G[self.clock % self.n_slots]
             if self.n_workers == 1 and self.n_slots > 1:
-                self.replicas[0][1].attach_diff(self.G[slot])
-            else:
-                self.G[slot][...] = 0
+                point_diffs(self.replicas[0][1], G)
+            self._zero(G)
         self.calls += 1
         batch = {layer.name: layer.next_batch() for _, layer in self.data_layers}
         losses = [0.0] * self.n_workers
@@ -814,7 +861,7 @@ class Node:
                     if arr is not None:
                         blob.data[...] = arr[lo:hi].reshape(blob.shape)
             if self.Gk is not None:
-                self.Gk[k][...] = 0
+                self._zero(self.Gk[k])
             losses[k] = net.forward_backward()
 
         if self.n_workers == 1:
@@ -838,6 +885,31 @@ class Node:
                 wk * np.asarray(r.blobs[name].data) for wk, (r, _) in zip(w, self.replicas)
             )
         return float(np.dot(w, losses))
+
+    def _zero(self, flat):
+        """Zero what the backward accumulates into (``zero_ranges``); the rest is never written."""
+        for lo, hi in self.zero_ranges:
+            flat[lo:hi] = 0
+
+    def _point_solver_diffs(self, clock):
+        """The Solver's net's diffs: views of clock ``clock``'s gradient slot.  Pointed at the
+        next clock's slot as soon as ``sync()`` returns, where that slot is free (a node starts
+        clock c only once clock c - n_slots has been applied everywhere): a Solver that clears
+        them anyway (a gradient source set without ``overwrites``, iter_size > 1) clears a slot
+        that is zeroed before use, never one still on its way to the shards."""
+        if self.n_slots > 1:  # (one slot: they stay on G[0])
+            point_diffs(self.layout, self.G[clock % self.n_slots])
+
+    def attach_solver(self):
+        """Join the Solver through its declared seams: the gradient source (this node's slice of
+        the batch; it writes the diffs the Solver's net shows, so with iter_size 1 the Solver
+        does not clear them first) and the updater (the shards)."""
+        self.solver.set_gradient_source(self.gradient_source, overwrites=self.iter_size == 1)
+        self.solver.set_updater(self.updater)
+
+    def detach_solver(self):
+        self.solver.set_gradient_source(None)
+        self.solver.set_updater(None)
 
     def _ask_history(self, nxt):
         """Node 0, before a snapshot at version ``nxt``: ask every shard for its history slices
@@ -910,6 +982,7 @@ class Node:
                 self._raise_if_failed()
         if self.stop_at is not None and nxt >= self.stop_at:
             solver.requested_stop = True
+        self._point_solver_diffs(nxt)
         self.sync_time += time.perf_counter() - t0
         if self._recording(c):
             self.timeline.append(("compute", t0 - self.t_origin, self._now(), "wait for parameters"))
@@ -923,6 +996,7 @@ class Node:
     def finish(self):
         """Let the server thread drain, say goodbye; -> every node's statistics (on rank 0)."""
         self._remove_guard()
+        self.gc_clock.stop()
         with self.cv:
             self._stop_server = True
             self.cv.notify_all()
@@ -940,6 +1014,7 @@ class Node:
 
     def abort(self):
         self._remove_guard()
+        self.gc_clock.stop()
         self.transport.shutdown()
 
     def _remove_guard(self):
@@ -978,6 +1053,8 @@ class Node:
             "wait_s": float(self.wait_time.sum()),
             "busy": {name: list(v) for name, v in self.busy.items()},
             "cpu_marks": self.cpu_marks,
+            "gc_s": self.gc_clock.seconds,
+            "gc_passes": list(self.gc_clock.passes),  # collections of generation 0, 1, 2
             "layers": layers,
             "t_origin": self.t_origin_wall,
             "timeline": self.timeline[:4000]
