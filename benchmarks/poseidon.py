@@ -22,6 +22,7 @@ compare modes at equal node counts, not node counts with each other.
 """
 
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -210,23 +211,14 @@ def _median_time(fn, repeat=5, warmup=1):
     return statistics.median(out)
 
 
-def calibrate_net(net_name, nodes, batch=None, iters=10):
-    """One node's share of the work, measured alone on one core (no other node running):
-    per-layer forward/backward at the per-node batch (``python -m minicaffe.time``'s loop),
-    the rest of a Solver iteration, each FC layer's weight-gradient GEMM, and the CPU part of
-    each layer's sync on ``nodes`` nodes done as the runtime does it (PS: scale the gradient,
-    sum P slices, update 1/P, copy the fresh slice; SFB: the tiled rebuild + update over P
-    nodes' rows). -> a dict the simulator's layers are made from."""
-    import numpy as np
-
+def node_solver(net_name, nodes, batch=None):
+    """A Solver of one node's share: the net on synthetic data at the per-node batch of
+    ``batch`` (default the net's) split over ``nodes``. -> (solver, global batch, per-node batch)."""
     from minicaffe import proto
-    from minicaffe.dist import cost
-    from minicaffe.dist.sfb import rebuild_sgd_step, tile_for
     from minicaffe.parallel import with_synthetic_data
     from minicaffe.parallel.replica import shard_bounds
     from minicaffe.solvers import get_solver
     from minicaffe.tools.common import resolve_net, resolve_solver
-    from minicaffe.tools.timing import time_layers
 
     npar = with_synthetic_data(proto.parse_file(resolve_net(net_name, "train_test"), "NetParameter"), count=1024)
     data = next(lp for lp in npar.layer if lp.type == "Data")
@@ -240,7 +232,24 @@ def calibrate_net(net_name, nodes, batch=None, iters=10):
     sp.clear("test_iter")
     sp.net_param = npar
     sp.test_interval, sp.display, sp.snapshot, sp.snapshot_after_train = 0, 0, 0, False
-    solver = get_solver(sp, log=lambda m: None)
+    return get_solver(sp, log=lambda m: None), global_batch, per_node
+
+
+def calibrate_net(net_name, nodes, batch=None, iters=10):
+    """One node's share of the work, measured alone on one core (no other node running):
+    per-layer forward/backward at the per-node batch (``python -m minicaffe.time``'s loop),
+    the rest of a Solver iteration, each FC layer's weight-gradient GEMM, and the CPU part of
+    each layer's sync on ``nodes`` nodes done as the runtime does it (PS: scale the gradient,
+    sum P slices, update 1/P, copy the fresh slice; SFB: the tiled rebuild + update over P
+    nodes' rows). -> a dict the simulator's layers are made from."""
+    import numpy as np
+
+    from minicaffe.dist import cost
+    from minicaffe.dist.sfb import rebuild_sgd_step, tile_for
+    from minicaffe.parallel.replica import shard_bounds
+    from minicaffe.tools.timing import time_layers
+
+    solver, global_batch, per_node = node_solver(net_name, nodes, batch)
     net = solver.net
     be = net.backend
     fwd, bwd, _ = time_layers(net, iters, warmup=3)
@@ -307,9 +316,146 @@ def calibrate_net(net_name, nodes, batch=None, iters=10):
         layers.append(row)
     layer_s = sum(r["forward"] + r["backward"] for r in layers) - (nodes - 1) * layers[0]["forward"] / nodes
     update_s = sum(r.get("update", 0.0) for r in layers)
-    overhead = max(t_step - layer_s - update_s, 0.0)
+    # a node's compute thread zeroes the gradient its backward adds into (its PS layers' part;
+    # the Solver does not clear it): seconds per parameter of zeroing the whole vector
+    flat = np.ones(sum(r["count"] for r in layers), np.float32)
+    zero = _median_time(lambda: flat.fill(0.0), repeat=iters) / max(flat.size, 1)
+    # (the Solver's own rest, step - layers - update, is a difference of large timings: kept
+    # for the record; the node process's rest is measured in training runs, iteration_cpu)
     return {"net": net_name, "nodes": nodes, "global_batch": global_batch, "per_node_batch": per_node,
-            "layers": layers, "overhead": overhead, "step_s": t_step}  # fmt: skip
+            "layers": layers, "overhead": 0.0, "zero_s_per_param": zero,
+            "step_rest_s": max(t_step - layer_s - update_s, 0.0), "step_s": t_step}  # fmt: skip
+
+
+def copy_worker(net_name, nodes, batch=None):
+    """One copy of a node's work for ``copies_contention`` (``--copy-worker``): builds the
+    node's Solver, says "ready", then for every number N read from stdin runs N Solver steps
+    and prints each step's CPU seconds (this thread's) as one JSON line; 0 ends it."""
+    from minicaffe.parallel import blas
+
+    blas.set_threads(1)  # as each node of 2 or 4 on this machine's 2 cores (launch.blas_threads)
+    solver, _, _ = node_solver(net_name, nodes, batch)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        n = int(line)
+        if n <= 0:
+            break
+        cpu = []
+        for _ in range(n):
+            c = time.thread_time()
+            solver.step(1)
+            cpu.append(time.thread_time() - c)
+        print(json.dumps(cpu), flush=True)
+
+
+def copies_contention(net_name, nodes, rounds=5, seconds=2.0, batch=None):
+    """How much more CPU a node's own work costs when ``nodes`` copies of it run at once on this
+    machine than when one runs alone: no training run, no network, no helper threads, only the
+    net's Solver step at the per-node batch in ``nodes`` processes (one BLAS thread each, as the
+    nodes). Alone (one copy steps, the others wait on a pipe) and together alternate ``rounds``
+    times, in turn which first; each phase runs about ``seconds`` of steps per copy. -> {alone_s, together_s: median
+    CPU seconds per step of each round, factor: median together / median alone}.
+
+    This is what sets one net's contention apart from another's: a net that streams its weights
+    from memory (the FC head: 151 MB for 16 rows) slows more beside other copies than one whose
+    layers stay in the caches (LeNet)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--copy-worker", net_name, str(nodes)]
+    cmd += [] if batch is None else ["--batch", str(batch)]
+    env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1")
+    procs = [
+        subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        for _ in range(nodes)
+    ]
+    try:
+        for p in procs:
+            if p.stdout.readline().strip() != "ready":
+                raise SystemExit(f"--copy-worker {net_name} {nodes} did not start")
+
+        def phase(run, steps):
+            for p in run:
+                p.stdin.write(f"{steps}\n")
+                p.stdin.flush()
+            return [json.loads(p.stdout.readline()) for p in run]
+
+        for p in procs:  # warm each copy up alone (first steps allocate and compile)
+            warm = phase([p], 3)[0]
+        steps = int(min(max(seconds / statistics.median(warm), 5), 400))
+        alone, together = [], []
+        for r in range(rounds):  # in turn alone first and together first: a drift hits both
+            for run in (procs[:1], procs) if r % 2 == 0 else (procs, procs[:1]):
+                got = statistics.median(x for xs in phase(run, steps) for x in xs)
+                (alone if len(run) == 1 else together).append(got)
+    finally:
+        for p in procs:
+            try:
+                p.stdin.write("0\n")
+                p.stdin.close()
+            except OSError:
+                pass
+            p.wait(60)
+    a, t = statistics.median(alone), statistics.median(together)
+    return {"alone_s": alone, "together_s": together, "steps": steps, "factor": t / a}
+
+
+def calibrate_contention(doc, nets, nodes_list, batch=None):
+    """Each net's contention beside copies of itself (``copies_contention``) into a calibration
+    document: every call kept (``doc["copies_calls"]``, the last ``KEEP_CALLS``); the simulator
+    takes each factor's median over them (``net_contention``)."""
+    for net in nets:
+        for nodes in nodes_list:
+            if nodes < 2:
+                continue
+            got = copies_contention(net, nodes, batch=batch)
+            calls = doc.setdefault("copies_calls", {}).setdefault(f"{net}|{nodes}", [])
+            calls.append(got | {"commit": code_commit(), "load": os.getloadavg()})
+            del calls[:-KEEP_CALLS]
+            print(
+                f"{net}, {nodes} copies at once: x{got['factor']:.3f} the CPU of one alone per step "
+                f"({1e3 * statistics.median(got['alone_s']):.1f} -> {1e3 * statistics.median(got['together_s']):.1f} ms, "
+                f"{got['steps']} steps x {len(got['alone_s'])} rounds; the calls kept: "
+                + ", ".join(f"x{c['factor']:.3f}" for c in calls)
+                + ")",
+                flush=True,
+            )
+
+
+def runs_contention(calib):
+    """{nodes: factor}: LeNet's compute thread's CPU per iteration in the calibration's training
+    runs (medians over the calls kept) over LeNet's compute alone in the calibration's own
+    per-layer timings (``calib["nets"]``): the model's LeNet computes what the runs' did. The
+    runs' compute, not each call's ratio, is what is kept: a call's timing alone moves 5% from
+    another call's, and the model multiplies the factor by the nets' timings, not by the call's.
+    It may be below 1: the step alone includes the Solver's rest (clearing the diffs), which a
+    node's compute thread does not do (the process's rest is ``iteration_cpu``)."""
+    calls = calib.get("run_calls") or []
+    out = {}
+    for p, x in run_costs_of(calib)["contention"].items():
+        runs = [
+            c["contention_measured"][p] * c["compute_alone_s"][p]
+            for c in calls
+            if p in c.get("contention_measured", {}) and p in c.get("compute_alone_s", {})
+        ]
+        lenet = calib.get("nets", {}).get(f"lenet|{p}")
+        out[int(p)] = statistics.median(runs) / net_alone(lenet) if runs and lenet else x
+    return out
+
+
+def net_contention(calib, net):
+    """{nodes: factor} the simulator slows ``net``'s kernels by on ``nodes`` nodes sharing this
+    machine: the contention of LeNet's training runs (``runs_contention``: other processes, the
+    node's own helper threads) x ``net``'s copies factor over LeNet's (``copies_contention``,
+    medians over the calls kept), where both were measured; LeNet's own is the runs'."""
+    calls = calib.get("copies_calls", {})
+
+    def copies(name, p):
+        xs = [c["factor"] for c in calls.get(f"{name}|{p}", [])]
+        return statistics.median(xs) if xs else None
+
+    out = {}
+    for p, x in runs_contention(calib).items():
+        mine, lenet = copies(net, p), copies("lenet", p)
+        out[p] = x * mine / lenet if mine and lenet else x
+    return out
 
 
 def free_port_pair():
@@ -419,7 +565,7 @@ def run_costs(tcp_byte, alone, kernel, iters=150, repeat=3):
     return out | solve_run_costs(med, tcp_byte, alone, kernel)
 
 
-def solve_run_costs(med, tcp_byte, alone, kernel, units=4, nodes=4):
+def solve_run_costs(med, tcp_byte, alone, kernel, units=4, nodes=4, cores=None):
     """``run_costs``'s arithmetic: the costs from the runs' medians per node per iteration
     (``med``: {run: node_means}), the loopback's CPU per byte, LeNet's compute alone per node
     count and the shard's kernels alone (4 nodes)."""
@@ -430,6 +576,7 @@ def solve_run_costs(med, tcp_byte, alone, kernel, units=4, nodes=4):
     unit = max((off["server_cpu_s"] - one["server_cpu_s"]) / (units - 1), 0.0)
     raw = {"2": two["compute_cpu_s"] / alone[2], "4": off["compute_cpu_s"] / alone[4]}
     return {
+        "drift_s": run_drift(med, cores),
         "frames_per_iter": frames,
         "units_per_iter": units,
         "cpu_s_per_frame": frame,
@@ -444,6 +591,15 @@ def solve_run_costs(med, tcp_byte, alone, kernel, units=4, nodes=4):
         "limiter_link": LIMITER_CALIBRATION,
         "limiter_cpu_s_per_frame": max((lim["transport_cpu_s"] - off["transport_cpu_s"]) / (frames / 2), 0.0),
     }
+
+
+def run_drift(med, cores=None):
+    """{nodes: seconds per iteration the cores sat idle at BSP's barrier} from the training
+    runs' medians (``run_costs``): where nothing but the other nodes is waited for (no link
+    limit), the period beyond the nodes' CPU spread over the cores, P x CPU / cores. Runs ``two``
+    (2 nodes) and ``off`` (4)."""
+    cores = cores or os.cpu_count()
+    return {str(p): max(med[w]["period_s"] - p * med[w]["cpu_s"] / cores, 0.0) for p, w in ((2, "two"), (4, "off"))}
 
 
 COSTS = ("cpu_s_per_byte", "cpu_s_per_frame", "round_trip_s")
@@ -462,8 +618,11 @@ KEEP_CALLS = 5
 
 
 def net_alone(c):
-    """A calibrated net's forward + backward + the rest of a Solver step, timed alone."""
-    return sum(r["forward"] + r["backward"] for r in c["layers"]) + c["overhead"]
+    """A calibrated net's forward + backward and what a PS node adds to them (zeroing its
+    gradient; a calibration from before nodes stopped clearing with the Solver: the rest of a
+    Solver step), timed alone."""
+    zero = c.get("zero_s_per_param", 0.0) * sum(r["count"] for r in c["layers"])
+    return sum(r["forward"] + r["backward"] for r in c["layers"]) + c["overhead"] + zero
 
 
 def calibrate_runs(doc):
@@ -480,7 +639,7 @@ def calibrate_runs(doc):
     run["load"] = os.getloadavg()
     doc["frame_run"] = run
     calls = doc.setdefault("run_calls", [])
-    keep = RUN_COSTS + ("contention", "contention_measured", "compute_alone_s", "load")
+    keep = RUN_COSTS + ("contention", "contention_measured", "compute_alone_s", "drift_s", "load")
     calls.append({k: run[k] for k in keep} | {"commit": code_commit()})
     del calls[:-KEEP_CALLS]
     print(
@@ -525,6 +684,10 @@ def run_costs_of(doc):
     out = {k: statistics.median(c.get(k, 0.0) for c in calls) for k in RUN_COSTS}
     nodes = sorted({p for c in calls for p in c["contention"]}, key=int)
     out["contention"] = {p: statistics.median(c["contention"][p] for c in calls if p in c["contention"]) for p in nodes}
+    drifts = [c["drift_s"] for c in calls if "drift_s" in c]
+    if not drifts and all(w in fr for w in ("two", "off")):  # (calls from before it was kept: the latest's runs)
+        drifts = [run_drift(fr, doc.get("cores"))]
+    out["drift_s"] = {p: statistics.median(d[p] for d in drifts) for p in drifts[0]} if drifts else {}
     return out
 
 
@@ -615,6 +778,97 @@ def calibration_code(calib):
     return sorted(c for c in found if c)
 
 
+def calibration_commit(calib, git):
+    """The commit of the code a calibration measured, to match runs to it: its calls' commit
+    (a '+' for changes not committed dropped; the newest where they name several), or
+    ``code_commit`` for a calibration made before its calls recorded theirs."""
+    found = sorted({c.rstrip("+") for c in calibration_code(calib)}) or [calib.get("code_commit")]
+    found = [c for c in found if c and git.known(c)]
+    newest = [c for c in found if not any(o != c and git.is_ancestor(c, o) for o in found)]
+    return newest[0] if newest else None
+
+
+class Git:
+    """The questions the like-for-like validation asks git about this checkout (tests give a
+    stand-in of their own)."""
+
+    def __init__(self, root=ROOT):
+        self.root = root
+
+    def _run(self, *args):
+        try:
+            return subprocess.run(["git", "-C", self.root, *args], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    def known(self, commit):
+        r = self._run("cat-file", "-e", f"{commit}^{{commit}}")
+        return r is not None and r.returncode == 0
+
+    def is_ancestor(self, a, b):
+        """Is commit ``a`` in ``b``'s history (or ``b`` itself)?"""
+        r = self._run("merge-base", "--is-ancestor", a, b)
+        return r is not None and r.returncode == 0
+
+    def distance(self, a, b):
+        """Commits in ``b``'s history that are not in ``a``'s."""
+        r = self._run("rev-list", "--count", f"{a}..{b}")
+        return int(r.stdout) if r is not None and r.returncode == 0 else 1 << 30
+
+    def head(self):
+        r = self._run("rev-parse", "--short", "HEAD")
+        return r.stdout.strip() if r is not None and r.returncode == 0 else None
+
+    def history(self, path):
+        """The commits that changed ``path``, newest first, each with the file's results then."""
+        rel = os.path.relpath(os.path.abspath(path), self.root)
+        r = self._run("log", "--format=%h", "--", rel)
+        if r is None or r.returncode != 0:
+            return []
+        out = []
+        for commit in r.stdout.split():
+            shown = self._run("show", f"{commit}:{rel}")
+            if shown is None or shown.returncode != 0:
+                break  # (the file was renamed or removed there)
+            out.append((commit, json.loads(shown.stdout).get("results", {})))
+        return out
+
+
+def landed_at(results, history):
+    """{key: the commit that landed the run's measurement} from the results file's history
+    (``Git.history``: newest first): the oldest commit from which on the file holds the same
+    figure; None for a run not committed as it is now."""
+    out = {}
+    for key, r in results.items():
+        out[key] = None
+        for commit, then in history:
+            if then.get(key, {}).get("seconds_per_iter") != r.get("seconds_per_iter"):
+                break
+            out[key] = commit
+    return out
+
+
+def own_calibrations(results, calibrations, git, history=()):
+    """Each run's calibration of its own code: {key: (calibration path or None, code commit)}.
+
+    A run's code is its ``code_commit`` (recorded by the runs of the grid from when it was
+    added), else the commit that landed its measurement in the results file (``landed_at``;
+    the code that measured it is in that commit's history), else the checkout's HEAD. Its
+    calibration is, of those (``calibrations``: {path: document}) whose code is in the run's
+    code's history, the one with the fewest commits between the two: the latest calibration of
+    code the run's code contains. None where no calibration is that old."""
+    commits = {path: calibration_commit(doc, git) for path, doc in calibrations.items()}
+    landed = landed_at(results, history)
+    out = {}
+    for key, r in results.items():
+        code = (r.get("code_commit") or "").rstrip("+")
+        if not (code and git.known(code)):
+            code = landed.get(key) or git.head()
+        found = [(git.distance(c, code), path) for path, c in commits.items() if c and git.is_ancestor(c, code)]
+        out[key] = (min(found)[1] if found else None, code)
+    return out
+
+
 def calibrate_nets(doc, nets, nodes_list, batch=None):
     """Each net's layers on each node count (``calibrate_net``), alone on the machine; every call
     is kept (``doc["net_calls"]``, the last ``KEEP_CALLS``) and ``doc["nets"]`` holds each
@@ -692,6 +946,7 @@ def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=
         if r["name"] in rebuild:
             lay.sync_cpu["sfb"] = rebuild[r["name"]]
         lay.blobs = r.get("blobs", 2)
+        lay.zero = r["count"] * c.get("zero_s_per_param", 0.0)
         layers.append(lay)
     tcp = calib["tcp_loopback" if topology == "mesh" else "tcp"]  # the limiter runs on loopback
     per_byte = tcp["cpu_s_per_byte"]
@@ -704,11 +959,12 @@ def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=
             per_byte,
             k["cpu_s_per_frame"],
             k["wfbp_cpu_s_per_sync"],
-            {int(p): x for p, x in k["contention"].items()},
+            net_contention(calib, net),
             k["limiter_cpu_s_per_frame"] if topology == "mesh" else 0.0,
             unit_cpu=k["unit_cpu_s"],
             iteration_cpu=k["iteration_cpu_s"],
             thread_cpu=k.get("thread_cpu_s", 0.0),
+            drift={int(p): x for p, x in k.get("drift_s", {}).items()},
         )
     else:
         host = sim.Host(calib["cores"], per_byte, tcp["cpu_s_per_frame"])
@@ -806,10 +1062,13 @@ def results_at(commit, path):
 
 
 def validation(results, only=None):
-    """Predicted / measured seconds per iteration of every run (or of the keys in ``only``), and
-    how many are within 15%."""
-    lines = [f"{'net':<16} {'P':>2} {'link':>7} {'mode':<12} {'measured':>9} {'predicted':>9} {'pred/meas':>9}"]
+    """Predicted / measured seconds per iteration of every run (or of the keys in ``only``), the
+    calibration each was predicted from (its code's commit), and how many are within 15%."""
+    lines = [
+        f"{'net':<16} {'P':>2} {'link':>7} {'mode':<12} {'measured':>9} {'predicted':>9} {'pred/meas':>9}  calibration"
+    ]
     inside = total = differ = 0
+    per = {}  # calibration -> [within, of]
     for key, r in results.items():
         if "predicted_s" not in r or (only is not None and key not in only):
             continue
@@ -817,6 +1076,10 @@ def validation(results, only=None):
         ratio = r["predicted_s"] / r["seconds_per_iter"]
         ok = abs(ratio - 1) <= 0.15
         inside, total = inside + ok, total + 1
+        tag = r.get("calibration", "")
+        per.setdefault(tag, [0, 0])
+        per[tag][0] += ok
+        per[tag][1] += 1
         flag = "" if ok else "  (outside 15%)"
         ran = run_sfb_layers(r)
         if ran is not None and "predicted_plan" in r and set(r["predicted_plan"]) != ran:
@@ -824,9 +1087,11 @@ def validation(results, only=None):
             flag += f"  (plan now: SFB {'+'.join(r['predicted_plan']) or 'none'})"
         lines.append(
             f"{net:<16} {nodes:>2} {link:>7} {label(comm, wfbp):<12} {1e3 * r['seconds_per_iter']:>8.1f}ms "
-            f"{1e3 * r['predicted_s']:>8.1f}ms {ratio:>9.2f}{flag}"
+            f"{1e3 * r['predicted_s']:>8.1f}ms {ratio:>9.2f}  {tag:<11}{flag}"
         )
     lines.append(f"within 15%: {inside} of {total}")
+    if len(per) > 1:
+        lines.append("  by calibration: " + ", ".join(f"{t or '?'} {a} of {b}" for t, (a, b) in per.items()))
     if differ:
         lines.append(
             f"{differ} run(s) synchronized other layers by SFB than the simulator's plan (cost.choose, the "
@@ -919,8 +1184,9 @@ def main(argv=None):
     )
     p.add_argument(
         "--calibration",
-        default=os.path.join(ROOT, "benchmarks", "poseidon_calibration.json"),
-        help="the simulator's inputs, measured by --calibrate (read for the validation table)",
+        help="the simulator's inputs, measured by --calibrate (default benchmarks/poseidon_calibration.json); "
+        "with --report: check every run against this one instead of each against the calibration of its own "
+        "code (the benchmarks/poseidon_calibration*.json whose code is the latest in the run's code's history)",
     )
     p.add_argument("--calibrate", action="store_true", help="measure the simulator's inputs for --nets x --nodes")
     p.add_argument(
@@ -935,17 +1201,30 @@ def main(argv=None):
         help="time --nets x --nodes alone again; the simulator takes each layer's median over the calls kept",
     )
     p.add_argument(
+        "--calibrate-contention",
+        action="store_true",
+        help="time --nets x --nodes beside copies of themselves: each net's own contention (copies_contention)",
+    )
+    p.add_argument("--copy-worker", nargs=2, metavar=("NET", "NODES"), help=argparse.SUPPRESS)
+    p.add_argument(
         "--calibrate-bytes",
         action="store_true",
         help="measure again the transport's CPU per byte from training runs of the FC head at 20 Gbit/s",
     )
     args = p.parse_args(argv)
-    if args.calibrate_runs or args.calibrate_bytes or args.calibrate_nets:
+    if args.calibration is None and not args.report:
+        args.calibration = os.path.join(ROOT, "benchmarks", "poseidon_calibration.json")
+    if args.copy_worker:
+        copy_worker(args.copy_worker[0], int(args.copy_worker[1]), args.batch)
+        return 0
+    if args.calibrate_runs or args.calibrate_bytes or args.calibrate_nets or args.calibrate_contention:
         with open(args.calibration) as f:
             doc = json.load(f)
         print(f"load before: {os.getloadavg()}")
         if args.calibrate_nets:
             calibrate_nets(doc, args.nets, args.nodes, args.batch)
+        if args.calibrate_contention:
+            calibrate_contention(doc, args.nets, args.nodes, args.batch)
         if args.calibrate_runs:
             calibrate_runs(doc)
             doc["runs_load"] = os.getloadavg()
@@ -1006,23 +1285,34 @@ def main(argv=None):
                         with open(args.out, "w") as f:
                             json.dump({"results": slim(results)}, f)
         doc = {"results": results}
-    calib = None
-    if os.path.exists(args.calibration):
-        with open(args.calibration) as f:
-            calib = json.load(f)
+    calibs, git = {}, Git()
+    if args.calibration is not None:  # one calibration for every run
+        if os.path.exists(args.calibration):
+            with open(args.calibration) as f:
+                calibs[args.calibration] = json.load(f)
+        mine = {key: (args.calibration if calibs else None, None) for key in results}
+    else:  # like for like: each run against the calibration of its own code
+        for path in sorted(glob.glob(os.path.join(ROOT, "benchmarks", "poseidon_calibration*.json"))):
+            with open(path) as f:
+                calibs[path] = json.load(f)
+        history = git.history(args.report) if args.report else []
+        mine = own_calibrations(results, calibs, git, history)
     for key, r in results.items():
         r.pop("predicted_s", None)
-        if "error" in r or calib is None:
+        r.pop("calibration", None)
+        path = mine[key][0]
+        if "error" in r or path is None:
             continue
         net, nodes, link, comm, wfbp = key.split("|")
         if wfbp == "auto":  # what the run resolved it to
             wfbp = wfbp_tag(r, wfbp)
         lat = r.get("latency", DELAY)
         # (runs from before gradient buckets have no bucket_kb: every blob was its own)
-        run = (calib, net, int(nodes), link, comm, wfbp, r.get("topology", "star"), lat, r.get("bucket_kb", 0))
+        run = (calibs[path], net, int(nodes), link, comm, wfbp, r.get("topology", "star"), lat, r.get("bucket_kb", 0))
         pred = predicted(*run, sfb=run_sfb_layers(r))  # timed as the run synchronized
         if pred is not None:
             r["predicted_s"] = pred.period
+            r["calibration"] = calibration_commit(calibs[path], git) or os.path.basename(path)
             own = predicted(*run)  # and the plan the simulator makes itself, as the runtime now would
             r["predicted_plan"] = sorted(n for n, m in own.methods.items() if m == "sfb")
     print(table(results))
@@ -1032,10 +1322,18 @@ def main(argv=None):
     print(cpu_table(results))
     print()
     print("simulator validation (its inputs from the calibration alone; each run as it synchronized):")
-    if calib is not None:
+    for path, calib in calibs.items():
         code = calibration_code(calib)
-        where = os.path.relpath(args.calibration, ROOT) if args.calibration.startswith(ROOT) else args.calibration
-        print(f"calibration {where}: measured with the code at {', '.join(code) or '(not recorded)'}")
+        where = os.path.relpath(path, ROOT) if os.path.abspath(path).startswith(ROOT) else path
+        used = sum(1 for p, _ in mine.values() if p == path)
+        print(
+            f"calibration {where}: measured with the code at {', '.join(code) or '(not recorded)'}"
+            + (f" (matched as {calibration_commit(calib, git)})" if args.calibration is None else "")
+            + f"; {used} run(s) checked against it"
+        )
+    missing = sorted(k for k, (p, _) in mine.items() if p is None and "error" not in results[k])
+    if missing:
+        print(f"{len(missing)} run(s) of code older than every calibration, not checked: {', '.join(missing)}")
     only = measured_since(results, results_at(args.since, args.report)) if args.since and args.report else None
     if only is not None:
         print(f"(the {len(only)} run(s) measured since {args.since})")

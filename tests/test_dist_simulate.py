@@ -316,11 +316,13 @@ def test_costs_from_training_runs_are_solved_from_their_differences():
             "compute_cpu_s": compute,
             "cpu_s": cpu,
             "bytes": nbytes,
+            "period_s": 25e-3,  # on 2 cores: 4 nodes' 11 ms would take 22, 2 nodes' 11
         }
 
     med = {"off": run(4), "one": run(1), "on": run(4, cpu=12e-3), "limiter": run(4, extra=24 * 80e-6)}
     med["two"] = run(4, compute=9.2e-3)
-    got = bench.solve_run_costs(med, per_byte, {2: 10e-3, 4: 4.5e-3}, kernel)
+    got = bench.solve_run_costs(med, per_byte, {2: 10e-3, 4: 4.5e-3}, kernel, cores=2)
+    assert got["drift_s"] == pytest.approx({"2": 14e-3, "4": 3e-3})  # the cores idle at the barrier
     assert got["cpu_s_per_frame"] == pytest.approx(frame)
     assert got["iteration_cpu_s"] == pytest.approx(fixed)
     assert got["unit_cpu_s"] == pytest.approx(unit)
@@ -414,3 +416,128 @@ def test_a_grid_rerun_in_part_is_validated_by_part():
     now = {f"lenet|2|1gbit|{k}|off": r for k, r in now.items()}
     assert "within 15%: 3 of 3" in bench.validation(now)
     assert "within 15%: 1 of 1" in bench.validation(now, only={"lenet|2|1gbit|c|off"})
+
+
+class _FakeGit:
+    """A history a -> b -> c -> d (each commit's parent the one before), and a branch a -> x."""
+
+    parents = {"a": None, "b": "a", "c": "b", "d": "c", "x": "a"}
+
+    def known(self, commit):
+        return commit in self.parents
+
+    def _line(self, commit):
+        out = []
+        while commit is not None:
+            out.append(commit)
+            commit = self.parents[commit]
+        return out
+
+    def is_ancestor(self, a, b):
+        return a in self._line(b)
+
+    def distance(self, a, b):
+        return len(set(self._line(b)) - set(self._line(a)))
+
+    def head(self):
+        return "d"
+
+
+def test_each_run_is_checked_against_the_calibration_of_its_own_code():
+    bench = _bench()
+    git = _FakeGit()
+    calibs = {
+        "old.json": {"code_commit": "a"},  # made before its calls recorded their commit
+        "mid.json": {"net_calls": {"lenet|2": [{"commit": "b+"}, {"commit": "b"}]}},
+        "new.json": {"run_calls": [{"commit": "c"}], "byte_run": {"commit": "b"}},  # the newest of its codes
+        "lost.json": {"code_commit": "zzz"},  # a commit this checkout does not have
+    }
+    assert [bench.calibration_commit(c, git) for c in calibs.values()] == ["a", "b", "c", None]
+    results = {
+        "r1": {"seconds_per_iter": 1.0},  # landed in b, unchanged since: b's code measured it
+        "r2": {"seconds_per_iter": 2.5},  # measured again, landed in d
+        "r3": {"seconds_per_iter": 3.0, "code_commit": "b+"},  # its own record wins
+        "r4": {"seconds_per_iter": 4.0, "code_commit": "x"},  # a branch from a: only a is in its history
+        "r5": {"seconds_per_iter": 5.0},  # not committed: the checkout's code
+        "r6": {"seconds_per_iter": 6.0, "code_commit": "gone"},  # rebased away: where it landed
+    }
+    history = [  # newest first
+        ("d", {"r1": {"seconds_per_iter": 1.0}, "r2": {"seconds_per_iter": 2.5}, "r6": {"seconds_per_iter": 6.0}}),
+        ("c", {"r1": {"seconds_per_iter": 1.0}, "r2": {"seconds_per_iter": 2.0}, "r6": {"seconds_per_iter": 6.0}}),
+        ("b", {"r1": {"seconds_per_iter": 1.0}, "r2": {"seconds_per_iter": 2.0}}),
+        ("a", {"r1": {"seconds_per_iter": 0.9}}),
+    ]
+    assert bench.landed_at(results, history) == {"r1": "b", "r2": "d", "r3": None, "r4": None, "r5": None, "r6": "c"}
+    got = bench.own_calibrations(results, calibs, git, history)
+    assert got == {
+        "r1": ("mid.json", "b"),
+        "r2": ("new.json", "d"),
+        "r3": ("mid.json", "b"),
+        "r4": ("old.json", "x"),
+        "r5": ("new.json", "d"),
+        "r6": ("new.json", "c"),
+    }
+    # code older than every calibration: no like-for-like check
+    assert bench.own_calibrations(
+        {"r": {"seconds_per_iter": 1.0}},
+        {"mid.json": calibs["mid.json"]},
+        git,
+        [("a", {"r": {"seconds_per_iter": 1.0}})],
+    ) == {"r": (None, "a")}
+
+
+def test_nodes_out_of_step_idle_the_cores_at_the_barrier():
+    # two nodes on one core each, CPU-bound: the period is the node's CPU; a drift of 1 ms at
+    # BSP's barrier adds 1 ms with or without WFBP (with it, the last sync waits for the
+    # slowest node's gradients too, its CPU held with the compute's)
+    layers = [sim.Layer("a", 1e-3, 2e-3, 1000), sim.Layer("b", 1e-3, 2e-3, 1000)]
+    layers[0].sync_cpu = layers[1].sync_cpu = {"ps": 0.5e-3}
+    for wfbp in (False, True):
+        got = {}
+        for drift in (0.0, 1e-3, {2: 1e-3, 4: 5e-3}):
+            host = sim.Host(cores=2, drift=drift)
+            got[str(drift)] = sim.simulate(layers, 2, FREE, "ps", wfbp=wfbp, host=host).period
+        assert got["0.001"] == pytest.approx(got["0.0"] + 1e-3)
+        assert got[str({2: 1e-3, 4: 5e-3})] == pytest.approx(got["0.001"])  # the nearest node count's
+    assert sim.Host(cores=2, drift=1e-3).drift_at(1) == 0.0  # one node waits for nobody
+
+
+def test_only_a_ps_layers_gradient_is_zeroed_before_the_backward():
+    layers = [
+        sim.Layer("conv", 1e-3, 2e-3, 1000, zero=0.4e-3),
+        sim.Layer("ip", 1e-3, 2e-3, 1000, 10, 100, 4, zero=0.6e-3),
+    ]
+    host = sim.Host(cores=4)
+    ps = sim.simulate(layers, 2, FREE, "ps", wfbp=False, host=host)
+    sfb = sim.simulate(layers, 2, FREE, "ps", wfbp=False, host=host, sfb={"ip"})
+    assert ps.cpu["compute"] == pytest.approx(6e-3 + 1e-3)
+    assert sfb.cpu["compute"] == pytest.approx(6e-3 - 1e-3 + 0.4e-3)  # (and the SFB layer skips its dW)
+
+
+def test_a_nets_contention_is_lenets_runs_times_its_own_copies_factor():
+    bench = _bench()
+    lenet = {"layers": [{"forward": 3e-3, "backward": 6e-3, "count": 100}], "overhead": 1e-3}
+    calib = {
+        "nets": {"lenet|2": lenet, "lenet|4": dict(lenet, overhead=0.0)},
+        # the runs' compute: 10.505 and 9.9 ms on 2 nodes (11 ms alone and 10 in those calls)
+        "run_calls": [
+            {
+                "contention": {"2": 1.0, "4": 1.2},
+                "contention_measured": {"2": 0.955, "4": 1.2},
+                "compute_alone_s": {"2": 11e-3, "4": 10e-3},
+            },
+            {
+                "contention": {"2": 1.0, "4": 1.1},
+                "contention_measured": {"2": 0.99, "4": 1.1},
+                "compute_alone_s": {"2": 10e-3, "4": 10e-3},
+            },
+        ],  # fmt: skip
+        "copies_calls": {"lenet|2": [{"factor": 1.0}], "fc|2": [{"factor": 1.2}, {"factor": 1.3}, {"factor": 1.25}]},
+    }
+    runs = bench.runs_contention(calib)
+    # the median of the runs' compute over LeNet alone in the nets' timings (10 ms): below 1 is kept
+    assert runs == {2: pytest.approx(10.2025e-3 / 10e-3), 4: pytest.approx(11.5e-3 / 9e-3)}
+    got = bench.net_contention(calib, "fc")
+    assert got[2] == pytest.approx(runs[2] * 1.25)  # its copies factor over LeNet's
+    assert got[4] == pytest.approx(runs[4])  # no copies measured at 4: LeNet's runs alone
+    assert bench.net_contention(calib, "lenet") == runs

@@ -72,6 +72,9 @@ class Layer:
     itemsize: int = 4
     sync_cpu: dict = None  # measured CPU seconds of this node's part of a sync: {"ps": s, "sfb": s}
     blobs: int = 2  # learnable blobs (weight, bias): PS sends a frame per blob per peer each way
+    # seconds to zero the layer's gradient before the backward adds into it, where it is synced
+    # by PS (an SFB layer's gradient is rebuilt from the factors: nothing to zero)
+    zero: float = 0.0
 
     @property
     def weight_gradient(self):
@@ -138,17 +141,32 @@ class Host:
     # CPU seconds per iteration of the rest of a node process beyond its frames and bytes (the
     # main thread's loop, log and waits; the transport threads' wake-ups), on the compute lane
     iteration_cpu: float = 0.0
+    # seconds per iteration the nodes spend out of step at BSP's barrier, the cores idle: the
+    # processes on shared cores do not reach it together (the scheduler runs them in turns), and
+    # the first to arrive waits for the last. A number, or {nodes: seconds} as ``contention``.
+    # Measured where nothing else waits (training runs with no link limit): the period minus the
+    # nodes' CPU over the cores
+    drift: object = 0.0
+
+    @staticmethod
+    def _at(value, nodes, default):
+        if not isinstance(value, dict):
+            return value
+        if not value:
+            return default
+        return value[min(value, key=lambda p: (abs(p - nodes), -p))]  # the nearest node count
 
     def inflation(self, nodes):
         """Compute CPU seconds per second measured alone, for ``nodes`` node processes."""
         if nodes <= 1:
             return 1.0
         if isinstance(self.contention, dict):
-            if not self.contention:
-                return 1.0
-            nearest = min(self.contention, key=lambda p: (abs(p - nodes), -p))
-            return self.contention[nearest]
+            return self._at(self.contention, nodes, 1.0)
         return self.contention if nodes > self.cores else 1.0
+
+    def drift_at(self, nodes):
+        """Seconds per iteration at BSP's barrier with the cores idle, for ``nodes`` nodes."""
+        return 0.0 if nodes <= 1 else self._at(self.drift, nodes, 0.0)
 
     def transport_cpu(self, nbytes, frames):
         """CPU seconds one node spends moving ``nbytes`` (sent + received) in ``frames`` frames
@@ -212,9 +230,7 @@ def choose_methods(layers, nodes, comm="hybrid", bucket_bytes=0, link_rate=None,
     time per iteration says SFB pays (frames, the buckets an SFB layer cuts, the rebuild), with
     ``link_rate`` bytes/s each way (None: the 10 Gbit/s the runtime assumes)."""
     costs = [
-        cost.layer_cost(i, l.name, l.count, l.m, l.n, l.k, l.blobs, l.itemsize)
-        for i, l in enumerate(layers)
-        if l.count
+        cost.layer_cost(i, l.name, l.count, l.m, l.n, l.k, l.blobs, l.itemsize) for i, l in enumerate(layers) if l.count
     ]
     cost.choose(costs, nodes, comm=comm, bucket_bytes=bucket_bytes, link_rate=link_rate, host=rule_host)
     chosen = {c.index: c.choice for c in costs}
@@ -349,6 +365,8 @@ def simulate(
         for l, m in zip(layers, methods)
     ]
     fwd = [inflate * l.forward * compute_scale for l in layers]
+    if n and nodes > 1:  # the node zeroes its PS layers' gradients first
+        fwd[0] += inflate * compute_scale * sum(l.zero for l, m in zip(layers, methods) if m == "ps")
     bwd = [b * compute_scale for b in own]
     cpu_kinds = {"compute": sum(fwd) + sum(bwd), "sync": 0.0, "transport": 0.0, "wfbp": 0.0}
     each = [sync_cost(l, m, nodes, link) for l, m in zip(layers, methods)]  # (net s, CPU s, bytes)
@@ -413,6 +431,7 @@ def simulate(
             iterations,
             [l.name for l in layers],
             unit_names,
+            drift=host.drift_at(nodes),
         )
         return Result(nodes, comm, wfbp, period, busy, nbytes, names, events, cpu_kinds)
     sync = [p[3] for p in parts]  # a node's own machine: the sync's CPU runs beside the compute
@@ -449,7 +468,7 @@ def simulate(
     return Result(nodes, comm, wfbp, period, sum(fwd) + sum(bwd), nbytes, names, events, cpu_kinds)
 
 
-def shared_schedule(fwd, bwd, units, parts, wire_time, wfbp, cores_per_node, iterations, names, unit_names):
+def shared_schedule(fwd, bwd, units, parts, wire_time, wfbp, cores_per_node, iterations, names, unit_names, drift=0.0):
     """One node of P in lockstep on a machine they share: two lanes of CPU work, processor sharing.
 
     The compute lane runs forward 0..L-1, backward L-1..0 (``fwd``, ``bwd``: CPU seconds); the
@@ -459,7 +478,10 @@ def shared_schedule(fwd, bwd, units, parts, wire_time, wfbp, cores_per_node, ite
     rebuild). At any moment each lane that has CPU work to do runs at min(1, cores per node /
     lanes busy) of a core: the P nodes do the same, so a node owns cores / P of the machine; a
     lane that only waits (for the wire, for a sync) leaves its share idle, as the nodes' threads
-    do. -> (period, compute lane's seconds per iteration, events)."""
+    do. ``drift``: each iteration's first forward starts that many seconds after it may, and
+    meanwhile neither lane uses the CPU (the nodes out of step at BSP's barrier: the slowest
+    node's last gradients are still to come, with WFBP too). -> (period, compute lane's seconds
+    per iteration, events)."""
     n = len(fwd)
     lowest = {min(unit): u for u, unit in enumerate(units)}
     order = [("f", i) for i in range(n)] + [("b", i) for i in range(n - 1, -1, -1)]
@@ -478,24 +500,33 @@ def shared_schedule(fwd, bwd, units, parts, wire_time, wfbp, cores_per_node, ite
             return any(i in unit and synced[u] < it_ - 1 for u, unit in enumerate(units))
         return i == 0 and any(s < it_ - 1 for s in synced)
 
+    barrier = None  # when the iteration's first forward may start (its drift from then on)
     while it < iterations:
         if left is None:  # the compute lane takes its next task where it may
             kind, i = order[step]
             if not (kind == "f" and waits(it, i)):
-                left, began = (fwd if kind == "f" else bwd)[i], t
-                if step == 0:
-                    starts.append(t)
+                if step == 0 and barrier is None:
+                    barrier = t + drift
+                if step != 0 or t >= barrier - eps:
+                    left, began = (fwd if kind == "f" else bwd)[i], t
+                    if step == 0:
+                        starts.append(t)
+                        barrier = None
         if cur is None and queue:
             cit, u = queue.pop(0)
             cur = [cit, u, 0, parts[u][2], t + wire_time(u, t), t]
-        lanes = (left is not None and left > eps) + (cur is not None and cur[3] > eps)
+        held = left is None and barrier is not None  # at the barrier: the node's CPU waits
+        lanes = (left is not None and left > eps) + (cur is not None and cur[3] > eps and not held)
         speed = min(1.0, cores_per_node / lanes) if lanes else 0.0
         dt = math.inf
         if left is not None:
             dt = left / speed if left > eps else 0.0
+        elif held:
+            dt = max(barrier - t, 0.0)
         if cur is not None:
             if cur[3] > eps:
-                dt = min(dt, cur[3] / speed)
+                if not held:
+                    dt = min(dt, cur[3] / speed)
             elif cur[2] == 0:
                 dt = min(dt, max(cur[4] - t, 0.0))
             else:
@@ -506,7 +537,7 @@ def shared_schedule(fwd, bwd, units, parts, wire_time, wfbp, cores_per_node, ite
         if left is not None and left > eps:
             left -= speed * dt
             comp_busy += dt
-        if cur is not None and cur[3] > eps:
+        if cur is not None and cur[3] > eps and not held:
             cur[3] -= speed * dt
         if left is not None and left <= eps:  # a compute task ends
             kind, i = order[step]
