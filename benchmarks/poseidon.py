@@ -1024,6 +1024,25 @@ def table(results):
     return "\n".join(lines)
 
 
+def code_table(results):
+    """Which code measured which rows: (net, nodes, link) groups per commit ('before' for rows
+    from before commits were recorded), with the load beside each run."""
+    by = {}
+    for key in ordered(results):
+        r = results[key]
+        group = " ".join(key.split("|")[:3])
+        by.setdefault(r.get("code_commit") or "before", {}).setdefault(group, []).append(r.get("load"))
+    lines = ["code that measured the rows (commit: net nodes link, load range):"]
+    for commit, groups in by.items():
+        parts = []
+        for group, loads in groups.items():
+            known = [x for x in loads if x is not None]
+            span = f"{min(known):.1f}-{max(known):.1f}" if known else "?"
+            parts.append(f"{group} ({len(loads)}, load {span})")
+        lines.append(f"  {commit}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def ordered(results):
     """The keys grouped by (net, nodes, link) in order of first appearance, modes as MODES."""
     groups = {}
@@ -1252,6 +1271,8 @@ def main(argv=None):
             + (f" ({why})" if why else "")
         )
         print(f"load before: {os.getloadavg()}")
+        commit = code_commit()  # every row names the code that measured it (a '+': uncommitted changes)
+        print(f"code: {commit or '(not a git checkout)'}")
         results = {}
         if os.path.exists(args.out):
             with open(args.out) as f:
@@ -1274,6 +1295,8 @@ def main(argv=None):
                                 r["topology"] = "star" if use_ns else "mesh"
                                 r["bucket_kb"] = 1024 if args.bucket_kb is None else args.bucket_kb
                                 r["load"] = os.getloadavg()[0]
+                                r["code_commit"] = commit
+                                r["measured_at"] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())
                                 runs.setdefault(key, []).append(r)
                                 msg = (
                                     r.get("error", "")[-200:]
@@ -1316,6 +1339,7 @@ def main(argv=None):
             own = predicted(*run)  # and the plan the simulator makes itself, as the runtime now would
             r["predicted_plan"] = sorted(n for n, m in own.methods.items() if m == "sfb")
     print(table(results))
+    print(code_table(results))
     print()
     print("CPU ms per iteration, mean over nodes (compute thread, shard updates, SFB thread, the rest")
     print("of the process: transport threads and the kernel's TCP; sys = the system part of all):")
