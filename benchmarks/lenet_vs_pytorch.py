@@ -19,8 +19,8 @@ Configurations (T = the machine's cores, 2 on the machine of docs/CPU_SPEED.md):
   minicaffe 1 thread          the Solver, one lane, OpenBLAS 1 thread
   minicaffe BLAS xT           the Solver, one lane, OpenBLAS T threads (Caffe's way)
   minicaffe lanes xT          the Solver, T lanes, BLAS 1 thread per lane (what ``python -m
-                              minicaffe.train`` does): the step plan runs LeNet's conv1 .. ip2
-                              (CIFAR-10 quick's conv1 .. ip2) as one task per lane forward and one
+                              minicaffe.train`` does): the step plan runs LeNet's conv1 .. relu1
+                              (CIFAR-10 quick's conv1 .. ip1) as one task per lane forward and one
                               backward (minicaffe/parallel/plan.py)
   minicaffe lanes xT, by layer the same without the step plan: each conv/ip/pool call split over
                               the T lanes on its own (one hand-off per layer call)

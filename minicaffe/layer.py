@@ -49,6 +49,14 @@ layers around it on each lane's slice of the batch, one task per lane for the wh
 - ``reduce_lanes(parts)``: after the backward segment, on the calling thread: add the blocks of
   lanes 1, 2, ... into the parameter diffs, in lane order (the same order as the lanes of one
   layer call: results do not depend on which path ran).
+
+A layer may instead leave its parameter gradients until the lanes meet: with
+``params_after_lanes`` True, ``backward_images`` computes the bottom diffs only, and once every
+lane has finished the segment's ``backward_images`` calls (the lanes wait for each other there),
+each lane calls ``backward_params(lane, parts, top, bottom)``: its share of the gradients' rows
+over the whole batch.  No partial sums, no reduction, no block per lane, and the rows are the
+ones a layer call split across the lanes computes (InnerProduct: its weight gradient as a product
+over all the batch's images, in row blocks, is the same arithmetic with or without the plan).
 """
 
 from collections import namedtuple
@@ -193,6 +201,13 @@ class Layer:
 
     def reduce_lanes(self, parts):
         """Add the partial parameter gradients of lanes 1.. into the diffs (default: none kept)."""
+
+    #: True: the step plan calls ``backward_params`` on every lane after all lanes' ``backward_images``
+    params_after_lanes = False
+
+    def backward_params(self, lane, parts, top, bottom):
+        """Lane ``lane``'s share of the parameter gradients over the whole batch (``params_after_lanes``)."""
+        raise NotImplementedError(f"{type(self).__name__}.backward_params")
 
     # -- loss ----------------------------------------------------------------------------------
     def set_loss_weights(self, top):

@@ -26,7 +26,7 @@ layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
 layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
 layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
 layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1"
-        inner_product_param { num_output: 12 weight_filler { type: "xavier" } bias_filler { type: "uniform" } } }
+        inner_product_param { num_output: 40 weight_filler { type: "xavier" } bias_filler { type: "uniform" } } }
 layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
 layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
         inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
@@ -35,7 +35,10 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: 
 
 
 @pytest.fixture
-def restore():
+def restore(monkeypatch):
+    """Lane count and plan switch restored after the test; every InnerProduct of the small test
+    net counts as big enough for a lane (its products are far below lanes.MIN_FLOPS)."""
+    monkeypatch.setattr(lanes, "MIN_FLOPS", 0.0)
     saved = lanes.count(), plan.enabled()
     yield
     lanes.set_count(saved[0])
@@ -76,12 +79,35 @@ def _step(net):
     return out
 
 
-def test_lenet_is_one_segment_from_conv1_to_ip2():
+def test_lenet_is_one_segment_from_conv1_to_relu1():
     net = caffe.Net("nets/lenet_train_test.prototxt", caffe.TRAIN)
     segs = net.step_plan().segments
-    assert [(net.layer_names[a], net.layer_names[b]) for a, b in segs] == [("conv1", "ip2")]
-    # the data layer, the loss (it sums over the batch) stay layer calls
-    assert net.step_plan().segment_of(0) is None and net.step_plan().segment_of(len(net.layers) - 1) is None
+    assert [(net.layer_names[a], net.layer_names[b]) for a, b in segs] == [("conv1", "relu1")]
+    # the data layer, ip2 (0.6 MFLOP: below lanes.MIN_FLOPS, not worth a lane) and the loss (it
+    # sums over the batch) stay layer calls
+    names = list(net.layer_names)
+    for name in ("mnist", "ip2", "loss"):
+        assert net.step_plan().segment_of(names.index(name)) is None, name
+    ip1 = net.layers[names.index("ip1")]
+    assert ip1.params_after_lanes and 2.0 * ip1.M * ip1.K * ip1.num_output >= lanes.MIN_FLOPS
+
+
+def test_inner_product_weight_gradient_is_the_layer_calls_bit_for_bit(tmp_path, restore):
+    """ip1's dW and db by rows after the lanes meet (params_after_lanes) are the products a layer
+    call split across the lanes computes: equal to the last bit, unlike the convolutions' per-lane
+    partial sums."""
+    net = _net(tmp_path, dtype=np.float32)
+    lanes.set_count(2)
+    ip1 = net.layers[list(net.layer_names).index("ip1")]
+    assert ip1.num_output >= 2 * lanes.MIN_ROWS  # a layer call splits its dW rows too
+    plan.set_enabled(False)
+    _step(net)
+    by_layer = [p.diff.copy() for p in ip1.blobs]
+    plan.set_enabled(True)
+    assert net.uses_step_plan()
+    _step(net)
+    for p, want in zip(ip1.blobs, by_layer):
+        np.testing.assert_array_equal(p.diff, want)
 
 
 @pytest.mark.parametrize("n_lanes", [2, 3])
@@ -176,7 +202,8 @@ def test_memory_counts_a_segment_as_one_step(tmp_path, restore):
     mem = plan_net(net)
     mem.check()  # no two buffers live at one step share a byte
     in_segment = [x for x in mem.buffers if x.nbytes and x.live_at(a)]
-    assert {"conv1.data", "pool1.data", "conv2.data", "ip2.data", "ip1:dparams"} <= {x.name for x in in_segment}
+    assert {"conv1.data", "pool1.data", "conv2.data", "ip2.data", "conv2:dparams"} <= {x.name for x in in_segment}
+    assert "ip1:dparams" not in {x.name for x in mem.buffers}  # its gradient is made by rows, no partials
     mem.allocate()
     losses = _poisoned_losses(net, mem)
     np.testing.assert_allclose(losses, ref[0], rtol=1e-6)

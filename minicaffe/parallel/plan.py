@@ -6,18 +6,26 @@ the helper, wait for the slowest lane), more when the helper had gone to sleep, 
 made eleven of them.  But most layers of a convolutional net treat every image on its own, so
 nothing forces the lanes to meet between them.  The plan, built once per net, groups consecutive
 layers whose images are independent (``Layer.lanes_ok``: Convolution, Pooling, InnerProduct,
-ReLU) into *segments*, and runs each segment as ONE task per lane.  LeNet, TRAIN::
+ReLU) into *segments*, and runs each segment as ONE task per lane.  LeNet, TRAIN (ip2's product,
+0.6 MFLOP, is too small to be worth a lane: ``InnerProduct.lanes_ok``)::
 
     forward:   mnist | [conv1 pool1 conv2 pool2 ip1 relu1] | ip2 | loss
-    backward:  loss | ip2 | [relu1 ip1 pool2 conv2 pool1 conv1] | reduce ip1, conv2, conv1
+    backward:  loss | ip2 | [relu1 ip1 pool2 conv2 pool1 conv1 : ip1's dW by rows] | reduce conv2, conv1
 
 Inside a segment lane k runs each layer, in order, on its images [a_k, b_k) of the batch
 (``forward_images`` / ``backward_images``).  It never waits for the other lanes: every image it
 reads was written by itself (the same split for every layer of the segment) or before the segment
-began.  Only what needs the whole batch waits for the end of the segment: the parameter gradients
-(lane k > 0 sums its images' share into a block of its own; ``reduce_lanes`` adds the blocks into
-the diffs in lane order), the loss, and every layer outside a segment (run as before, one call
-each, with lanes.py splitting it where that pays).
+began.  Only what needs the whole batch waits for the end of the segment: the parameter gradients,
+the loss, and every layer outside a segment (run as before, one call each, with lanes.py
+splitting it where that pays).  A parameter gradient is made in one of two ways:
+
+- summed per lane: lane k > 0 sums its images' share into a block of its own, and after the
+  segment ``reduce_lanes`` adds the blocks into the diffs in lane order (Convolution);
+- by rows after the lanes meet (``params_after_lanes``: InnerProduct): once every lane has run
+  the segment's ``backward_images``, the lanes wait for each other (a barrier: the segment's end
+  waited for the slowest lane anyway), then each computes its block of the gradient's rows over
+  the whole batch (``backward_params``) before its task ends.  A big weight gradient is then
+  written once, in halves, not twice and added.
 
 The calling thread does for the segment's layers what the Net's loop does for each layer, before
 the lanes start: the hooks of ``Net.add_hooks`` that come before (``before_forward`` /
@@ -39,6 +47,7 @@ hand-off) on a line of its own.  A layer inside a segment has no time of its own
 the calling thread.
 """
 
+import threading
 import time
 from functools import partial
 
@@ -188,7 +197,9 @@ class StepPlan:
         calls = [
             partial(layers[i].backward_images, top=tops[i], propagate_down=need[i], bottom=bottoms[i]) for i in order
         ]
-        self._run((first, "backward"), order, calls, parts)
+        later = [i for i in order if layers[i].params_after_lanes and any(layers[i].param_propagate_down)]
+        after = [partial(layers[i].backward_params, parts=parts, top=tops[i], bottom=bottoms[i]) for i in later]
+        self._run((first, "backward"), order, calls, parts, later, after)
         for i in order:
             layers[i].reduce_lanes(parts)
         self._hooks("after_backward", order)
@@ -202,34 +213,42 @@ class StepPlan:
                 for hook in hooks:
                     hook(i)
 
-    def _run(self, key, order, calls, parts):
-        """One task per lane: lane k makes each call of ``calls`` (one per layer, its arguments
-        but the lane and the slice bound) on its images [a, b), in order."""
+    def _run(self, key, order, calls, parts, later=(), after=()):
+        """One task per lane: lane k makes each call of ``calls`` (one per layer of ``order``, its
+        arguments but the lane and the slice bound) on its images [a, b), in order; then, when
+        ``after`` is given (one call per layer of ``later``), waits for every lane to get there
+        and makes each of those calls with its lane number (``backward_params``)."""
+        barrier = threading.Barrier(len(parts)) if after else None
+        clock = time.perf_counter if self.record else None
+        spent = {i: [0.0] * len(parts) for i in order}
 
         def task(k, a, b):
             def run():
-                for call in calls:
-                    call(k, a, b)
+                try:
+                    for i, call in zip(order, calls):
+                        t = clock() if clock else 0.0
+                        call(k, a, b)
+                        if clock:
+                            spent[i][k] = clock() - t
+                    if barrier is not None:
+                        barrier.wait()
+                except threading.BrokenBarrierError:
+                    return  # another lane failed before the barrier: lanes.run raises its error
+                except BaseException:
+                    if barrier is not None:
+                        barrier.abort()  # the other lanes must not wait for this one
+                    raise
+                for i, call in zip(later, after):
+                    t = clock() if clock else 0.0
+                    call(k)
+                    if clock:
+                        spent[i][k] += clock() - t
 
             return run
 
-        if not self.record:
-            lanes.run([task(k, a, b) for k, (a, b) in enumerate(parts)])
-            return
-        clock = time.perf_counter
-        spent = [[0.0] * len(parts) for _ in calls]
-
-        def timed_task(k, a, b):
-            def run():
-                for j, call in enumerate(calls):
-                    t = clock()
-                    call(k, a, b)
-                    spent[j][k] = clock() - t
-
-            return run
-
-        t0 = clock()
-        lanes.run([timed_task(k, a, b) for k, (a, b) in enumerate(parts)])
-        self.segment_times[key] = clock() - t0
-        for i, per_lane in zip(order, spent):
-            self.layer_times[(i, key[1])] = per_lane
+        t0 = clock() if clock else 0.0
+        lanes.run([task(k, a, b) for k, (a, b) in enumerate(parts)])
+        if clock:
+            self.segment_times[key] = clock() - t0
+            for i, per_lane in spent.items():
+                self.layer_times[(i, key[1])] = per_lane
