@@ -756,12 +756,16 @@ def calibrate(nets, nodes_list, batch, out, repeat=3):
 
 
 def code_commit():
-    """The commit of the code a calibration measures: git's short hash, with a '+' where tracked
-    files have changes not committed; None outside a git checkout."""
+    """The commit of the code a calibration or a run measures: git's short hash, with a '+' where
+    tracked code (minicaffe/, benchmarks/*.py) has changes not committed (the results and
+    calibration files a benchmark writes do not count); None outside a git checkout."""
     try:
         git = ["git", "-C", ROOT]
         head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30)
-        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        code = ["--", "minicaffe", "benchmarks/*.py"]
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no", *code], capture_output=True, text=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode != 0:
