@@ -27,6 +27,12 @@ Configurations (T = the machine's cores, 2 on the machine of docs/CPU_SPEED.md):
   minicaffe --workers T       SingleCaffe: T worker threads + the server thread, BLAS 1 thread
   torch eager 1 / T threads   PyTorch, ``torch.set_num_threads``
   torch.compile T threads     the model compiled once (inductor, C++ on the CPU)
+  torch.compile T threads,    the same with OMP_WAIT_POLICY=ACTIVE: PyTorch's OpenMP threads spin
+    OMP spinning              between parallel regions instead of going to sleep.  On a 2-core
+                              machine PyTorch's step is bimodal (about 10 ms when its worker thread
+                              is awake when work arrives, 13-16 ms when it must be woken), and the
+                              default policy lands in either from one run to the next; this row is
+                              PyTorch at its best, the ratios stay against the default row
   caffe time 1 / T threads    with ``--caffe BIN`` (or a ``caffe`` on PATH): BVLC Caffe's own
                               ``caffe time`` on the same net (its Data layers replaced by an
                               Input layer of the batch's shape; Caffe zero-fills it), OpenBLAS 1 /
@@ -264,6 +270,7 @@ def configurations(cores, caffe=None):
         ("torch eager 1 thread", {"fw": "torch", "threads": 1}),
         (f"torch eager {t} threads", {"fw": "torch", "threads": t}),
         (f"torch.compile {t} threads", {"fw": "torch", "threads": t, "compile": True}),
+        (f"torch.compile {t} threads, OMP spinning", {"fw": "torch", "threads": t, "compile": True, "omp": "ACTIVE"}),
     ] + extra
 
 
@@ -287,6 +294,8 @@ def spawn(net, cfg, steps, warmup):
         MKL_NUM_THREADS=str(threads),
         PYTHONPATH=ROOT,
     )
+    if cfg.get("omp"):
+        env["OMP_WAIT_POLICY"] = cfg["omp"]
     code = [sys.executable, os.path.abspath(__file__), "--child", json.dumps([net, cfg, steps, warmup])]
     out = subprocess.run(code, env=env, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
