@@ -31,8 +31,9 @@ Configurations (T = the machine's cores, 2 on the machine of docs/CPU_SPEED.md):
     OMP spinning              between parallel regions instead of going to sleep.  On a 2-core
                               machine PyTorch's step is bimodal (about 10 ms when its worker thread
                               is awake when work arrives, 13-16 ms when it must be woken), and the
-                              default policy lands in either from one run to the next; this row is
-                              PyTorch at its best, the ratios stay against the default row
+                              default policy lands in either from one run to the next; spinning
+                              was faster in some runs and slower in others (docs/CPU_SPEED.md),
+                              so the ratios stay against the default row
   caffe time 1 / T threads    with ``--caffe BIN`` (or a ``caffe`` on PATH): BVLC Caffe's own
                               ``caffe time`` on the same net (its Data layers replaced by an
                               Input layer of the batch's shape; Caffe zero-fills it), OpenBLAS 1 /
