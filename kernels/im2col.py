@@ -379,18 +379,197 @@ def col2im_v4_prange(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
         _col2im_channel_flat(col, c, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, oh_rng, ow_rng, x)
 
 
+# -- the transposed layout: one row per output pixel ------------------------------------------------
+# rows = col^T: rows[q, r] = col[r, q], an (N*OH*OW, C*kh*kw) C-contiguous matrix, each output
+# pixel's whole patch in one row.  Why a convolution layer wants it: on the host, OpenBLAS runs the
+# products of LeNet's conv2 1.2-1.4x faster with the pixels as the rows of the large operand and
+# of the result (rows @ W^T; dRows = dY^T @ W) than with col's layout (W @ col; dCol = W^T @ dY):
+# docs/KERNELS.md.  Every version of im2col and col2im takes this layout when it is handed ``col``
+# as ``rows.T`` (the same (C*kh*kw, N*OH*OW) shape, F-ordered), so the backend's contract is
+# unchanged; ``im2row`` and ``row2im`` below do the work.
+#
+# Row q is filled patch by patch: for each channel, kh runs of kw values copied from the input.
+# A run of a few values copies fast only when its length is known at compile time (LLVM then
+# unrolls it into a handful of moves; with kw a runtime argument each run is a short loop with
+# its trip-count checks, 1.8x slower on conv2): so each kernel width gets its own compiled pair,
+# made by ``_row_kernels(kw)`` and cached on disk like every kernel (numba keys a closure's cache
+# entry by the values it closes over).
+
+
+@njit(nogil=True, cache=True)
+def _patch_checked(xf, rf, d, n, C, H, W, h0, w0, kh, kw, dh, dw, z):
+    """rf[d:d + C*kh*kw] = the patch of image n at (h0, w0), zero where it reaches into the padding."""
+    for c in range(C):
+        for i in range(kh):
+            ih = h0 + i * dh
+            for j in range(kw):
+                iw = w0 + j * dw
+                rf[d] = xf[((n * C + c) * H + ih) * W + iw] if 0 <= ih < H and 0 <= iw < W else z
+                d += _U(1)
+
+
+@njit(nogil=True, cache=True)
+def _patch_checked_add(rf, d, xf, n, C, H, W, h0, w0, kh, kw, dh, dw):
+    """The adjoint: the patch's values inside the image added from rf[d:d + C*kh*kw]."""
+    for c in range(C):
+        for i in range(kh):
+            ih = h0 + i * dh
+            for j in range(kw):
+                iw = w0 + j * dw
+                if 0 <= ih < H and 0 <= iw < W:
+                    xf[((n * C + c) * H + ih) * W + iw] += rf[d]
+                d += _U(1)
+
+
+def _make_row_kernels(KW):
+    """im2row and row2im compiled for kernel width KW (a constant inside them)."""
+
+    @njit(nogil=True, cache=True)
+    def im2row_kw(x, kh, ph, pw, sh, sw, dh, dw, rows):
+        """rows[q, r] = col[r, q]: pixel by pixel, in rows' order (each row written once, in order)."""
+        N, C, H, W = x.shape
+        OH, OW = out_size(H, kh, ph, sh, dh), out_size(W, KW, pw, sw, dw)
+        # output pixels whose whole patch lies inside the image (and has unit column dilation:
+        # each of its kh runs is KW adjacent values) are copied with no bounds test per value
+        oh_lo, oh_hi = _valid_range(-ph, sh, H - dh * (kh - 1), OH)
+        ow_lo, ow_hi = _valid_range(-pw, sw, W - dw * (KW - 1), OW)
+        if dw != 1:
+            ow_hi = ow_lo  # every patch takes the checked loop
+        xf, rf = x.reshape(x.size), rows.reshape(rows.size)
+        z = rows.dtype.type(0)
+        d = _U(0)
+        for n in range(N):
+            for oh in range(OH):
+                h0 = oh * sh - ph
+                for ow in range(OW):
+                    w0 = ow * sw - pw
+                    if oh_lo <= oh < oh_hi and ow_lo <= ow < ow_hi:
+                        for c in range(C):
+                            s = _U(((n * C + c) * H + h0) * W + w0)
+                            for _ in range(kh):
+                                for j in range(KW):  # KW is a constant: unrolled
+                                    rf[d + _U(j)] = xf[s + _U(j)]
+                                d += _U(KW)
+                                s += _U(dh * W)
+                    else:  # a patch that reaches into the padding (or is dilated along w)
+                        _patch_checked(xf, rf, d, n, C, H, W, h0, w0, kh, KW, dh, dw, z)
+                        d += _U(C * kh * KW)
+
+    @njit(nogil=True, cache=True)
+    def row2im_kw(rows, kh, ph, pw, sh, sw, dh, dw, x):
+        """The adjoint: x = 0, then each row of rows added back onto its patch (padding dropped)."""
+        N, C, H, W = x.shape
+        OH, OW = out_size(H, kh, ph, sh, dh), out_size(W, KW, pw, sw, dw)
+        oh_lo, oh_hi = _valid_range(-ph, sh, H - dh * (kh - 1), OH)
+        ow_lo, ow_hi = _valid_range(-pw, sw, W - dw * (KW - 1), OW)
+        if dw != 1:
+            ow_hi = ow_lo
+        xf, rf = x.reshape(x.size), rows.reshape(rows.size)
+        xf[:] = 0
+        d = _U(0)
+        for n in range(N):
+            for oh in range(OH):
+                h0 = oh * sh - ph
+                for ow in range(OW):
+                    w0 = ow * sw - pw
+                    if oh_lo <= oh < oh_hi and ow_lo <= ow < ow_hi:
+                        for c in range(C):
+                            s = _U(((n * C + c) * H + h0) * W + w0)
+                            for _ in range(kh):
+                                for j in range(KW):
+                                    xf[s + _U(j)] += rf[d + _U(j)]
+                                d += _U(KW)
+                                s += _U(dh * W)
+                    else:
+                        _patch_checked_add(rf, d, xf, n, C, H, W, h0, w0, kh, KW, dh, dw)
+                        d += _U(C * kh * KW)
+
+    return im2row_kw, row2im_kw
+
+
+_ROW_KERNELS = {}
+
+
+def _row_kernels(kw):
+    """(im2row, row2im) for kernel width kw, made at first use."""
+    pair = _ROW_KERNELS.get(kw)
+    if pair is None:
+        pair = _ROW_KERNELS[kw] = _make_row_kernels(int(kw))
+    return pair
+
+
+def _check_rows(x, kh, kw, ph, pw, sh, sw, dh, dw, rows):
+    N, C, H, W = x.shape
+    if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+        raise ValueError("im2row/row2im: kernel, stride, dilation must be >= 1, pad >= 0")
+    OH = (H + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
+    OW = (W + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    if OH < 1 or OW < 1:
+        raise ValueError("im2row/row2im: the (dilated) kernel is larger than the padded input")
+    if rows.shape != (N * OH * OW, C * kh * kw) or not rows.flags.c_contiguous or rows.dtype != x.dtype:
+        raise ValueError(
+            f"im2row/row2im: rows must be a C-contiguous ({N * OH * OW}, {C * kh * kw}) array of x's dtype, "
+            f"got {rows.shape} {rows.dtype}"
+        )
+
+
+def im2row(x, kh, kw, ph, pw, sh, sw, dh, dw, rows):
+    """rows (N*OH*OW, C*kh*kw) = im2col(x)^T: one row per output pixel, its patch in col's order."""
+    _check_rows(x, kh, kw, ph, pw, sh, sw, dh, dw, rows)
+    _row_kernels(kw)[0](x, kh, ph, pw, sh, sw, dh, dw, rows)
+
+
+def row2im(rows, kh, kw, ph, pw, sh, sw, dh, dw, x):
+    """x (N, C, H, W) OVERWRITTEN with col2im(rows^T): each pixel's row summed back onto its patch."""
+    _check_rows(x, kh, kw, ph, pw, sh, sw, dh, dw, rows)
+    _row_kernels(kw)[1](rows, kh, ph, pw, sh, sw, dh, dw, x)
+
+
+def _transposed(col):
+    """True when col is the transpose of a C-contiguous matrix (and not itself C-contiguous)."""
+    return not col.flags.c_contiguous and col.T.flags.c_contiguous
+
+
+def _im2col_layouts(kernel):
+    """im2col version ``kernel``, taking col either as itself or as ``rows.T`` (then im2row)."""
+
+    def im2col(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
+        if _transposed(col):
+            im2row(x, kh, kw, ph, pw, sh, sw, dh, dw, col.T)
+        else:
+            kernel(x, kh, kw, ph, pw, sh, sw, dh, dw, col)
+
+    im2col.kernel = kernel
+    im2col.__doc__ = kernel.__doc__
+    return im2col
+
+
+def _col2im_layouts(kernel):
+    """col2im version ``kernel``, taking col either as itself or as ``rows.T`` (then row2im)."""
+
+    def col2im(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
+        if _transposed(col):
+            row2im(col.T, kh, kw, ph, pw, sh, sw, dh, dw, x)
+        else:
+            kernel(col, kh, kw, ph, pw, sh, sw, dh, dw, x)
+
+    col2im.kernel = kernel
+    col2im.__doc__ = kernel.__doc__
+    return col2im
+
+
 VERSIONS = {
     "im2col": {
-        "v1_naive": im2col_v1_naive,
-        "v2_rows": im2col_v2_rows,
-        "v3_flat": im2col_v3_flat,
-        "v4_prange": im2col_v4_prange,
+        "v1_naive": _im2col_layouts(im2col_v1_naive),
+        "v2_rows": _im2col_layouts(im2col_v2_rows),
+        "v3_flat": _im2col_layouts(im2col_v3_flat),
+        "v4_prange": _im2col_layouts(im2col_v4_prange),
     },
     "col2im": {
-        "v1_naive": col2im_v1_naive,
-        "v2_rows": col2im_v2_rows,
-        "v3_flat": col2im_v3_flat,
-        "v4_prange": col2im_v4_prange,
+        "v1_naive": _col2im_layouts(col2im_v1_naive),
+        "v2_rows": _col2im_layouts(col2im_v2_rows),
+        "v3_flat": _col2im_layouts(col2im_v3_flat),
+        "v4_prange": _col2im_layouts(col2im_v4_prange),
     },
 }
 DEFAULTS = {"im2col": "v3_flat", "col2im": "v3_flat"}

@@ -167,3 +167,56 @@ def test_bad_col_shape_raises():
     for ver, fn in versions(K, "im2col"):
         with pytest.raises(ValueError, match="col must have shape"):
             fn(x, 3, 3, 0, 0, 1, 1, 1, 1, col)
+
+
+# -- the transposed layout: col handed over as rows.T (one row per output pixel) --------------------
+@SETTINGS
+@given(geometry(), st.integers(0, 2**32 - 1))
+def test_rows_layout_matches_the_reference(geo, seed):
+    """im2col into rows.T writes rows = col^T exactly; col2im from rows.T sums like col2im does
+    (patches inside the image take the unrolled copy, those reaching into the padding the
+    checked loop: the geometry draws both)."""
+    xshape, g = geo
+    kh, kw = g[0], g[1]
+    rng = np.random.default_rng(seed)
+    x64 = rng.standard_normal(xshape)
+    ref = K.im2col_reference(x64, *g)
+    c64 = rng.standard_normal(ref.shape)
+    for dtype in DTYPES:
+        rows = np.full(ref.shape[::-1], np.nan, dtype)
+        K.im2col(x64.astype(dtype), *g, rows.T)
+        assert_equal(rows.T, ref.astype(dtype), kernel="im2row", version="default", shape=f"x{xshape} g={g}")
+        crows = np.ascontiguousarray(c64.T.astype(dtype))
+        x = np.full(xshape, np.nan, dtype)
+        K.col2im(crows.T, *g, x)
+        back = K.col2im_reference(crows.T, *g, xshape)
+        mag = K.col2im_reference(np.abs(crows.T), *g, xshape)
+        assert_close(x, back, sum_tol(dtype, kh * kw, mag), kernel="row2im", version="default", shape=f"x{xshape}")
+
+
+def test_every_version_takes_the_rows_layout():
+    """Each version, handed rows.T, fills rows (the transposed layout) rather than treating the
+    view as a strided col; and each col2im version reads it back the same way."""
+    rng = np.random.default_rng(5)
+    g = (3, 2, 1, 0, 2, 1, 1, 2)  # pad, stride 2 and a dilated width: both paths of the kernel
+    x = rng.standard_normal((2, 3, 7, 6))
+    ref = K.im2col_reference(x, *g)
+    for ver, fn in versions(K, "im2col"):
+        rows = np.full(ref.shape[::-1], np.nan)
+        fn(x, *g, rows.T)
+        assert_equal(rows, ref.T, kernel="im2col", version=ver, shape="rows layout")
+    crows = rng.standard_normal(ref.shape[::-1])
+    want = K.col2im_reference(crows.T, *g, x.shape)
+    for ver, fn in versions(K, "col2im"):
+        back = np.full(x.shape, np.nan)
+        fn(crows.T, *g, back)
+        assert_close(back, want, 1e-12, kernel="col2im", version=ver, shape="rows layout")
+
+
+def test_bad_rows_shape_raises():
+    x = np.zeros((1, 1, 5, 5), np.float32)
+    rows = np.zeros((10, 9), np.float32)  # should be (9, 9)
+    with pytest.raises(ValueError, match="rows must be"):
+        K.im2col(x, 3, 3, 0, 0, 1, 1, 1, 1, rows.T)
+    with pytest.raises(ValueError, match="rows must be"):
+        K.col2im(rows.T, 3, 3, 0, 0, 1, 1, 1, 1, x)
