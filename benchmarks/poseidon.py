@@ -666,6 +666,13 @@ def run_cost_spread(doc):
                 xs = [c["contention"][p] for c in calls if p in c.get("contention", {})]
                 lines.append(f"  contention on {p} nodes: x{x:.3f} [{min(xs):.3f} - {max(xs):.3f}]")
             continue
+        if k == "drift_s":
+            for p, x in v.items():
+                xs = [c["drift_s"][p] for c in calls if p in c.get("drift_s", {})] or [x]
+                lines.append(
+                    f"  out of step on {p} nodes: {1e6 * x:.0f} us [{1e6 * min(xs):.0f} - {1e6 * max(xs):.0f}]"
+                )
+            continue
         xs = [c.get(k, 0.0) for c in calls]
         lines.append(f"  {k}: {1e6 * v:.0f} us [{1e6 * min(xs):.0f} - {1e6 * max(xs):.0f}]")
     return "\n".join(lines)
@@ -747,8 +754,10 @@ def calibrate(nets, nodes_list, batch, out, repeat=3):
             flush=True,
         )
     calibrate_nets(doc, nets, nodes_list, batch)
-    calibrate_runs(doc)
-    calibrate_bytes(doc)
+    for step in (calibrate_runs, calibrate_bytes):
+        with open(out, "w") as f:  # what is measured so far, should a step fail
+            json.dump(doc, f, indent=1)
+        step(doc)
     doc["load_after"] = os.getloadavg()
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
