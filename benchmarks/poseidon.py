@@ -327,96 +327,61 @@ def calibrate_net(net_name, nodes, batch=None, iters=10):
             "step_rest_s": max(t_step - layer_s - update_s, 0.0), "step_s": t_step}  # fmt: skip
 
 
-def copy_worker(net_name, nodes, batch=None):
-    """One copy of a node's work for ``copies_contention`` (``--copy-worker``): builds the
-    node's Solver, says "ready", then for every number N read from stdin runs N Solver steps
-    and prints each step's CPU seconds (this thread's) as one JSON line; 0 ends it."""
-    from minicaffe.parallel import blas
-
-    blas.set_threads(1)  # as each node of 2 or 4 on this machine's 2 cores (launch.blas_threads)
-    solver, _, _ = node_solver(net_name, nodes, batch)
-    print("ready", flush=True)
-    for line in sys.stdin:
-        n = int(line)
-        if n <= 0:
-            break
-        cpu = []
-        for _ in range(n):
-            c = time.thread_time()
-            solver.step(1)
-            cpu.append(time.thread_time() - c)
-        print(json.dumps(cpu), flush=True)
+NET_RUN_ITERS = {"cifar10_quick": 40, "alexnet_fc_head": 20}
 
 
-def copies_contention(net_name, nodes, rounds=5, seconds=2.0, batch=None):
-    """How much more CPU a node's own work costs when ``nodes`` copies of it run at once on this
-    machine than when one runs alone: no training run, no network, no helper threads, only the
-    net's Solver step at the per-node batch in ``nodes`` processes (one BLAS thread each, as the
-    nodes). Alone (one copy steps, the others wait on a pipe) and together alternate ``rounds``
-    times, in turn which first; each phase runs about ``seconds`` of steps per copy. -> {alone_s, together_s: median
-    CPU seconds per step of each round, factor: median together / median alone}.
-
-    This is what sets one net's contention apart from another's: a net that streams its weights
-    from memory (the FC head: 151 MB for 16 rows) slows more beside other copies than one whose
-    layers stay in the caches (LeNet)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--copy-worker", net_name, str(nodes)]
-    cmd += [] if batch is None else ["--batch", str(batch)]
-    env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-        for _ in range(nodes)
-    ]
-    try:
-        for p in procs:
-            if p.stdout.readline().strip() != "ready":
-                raise SystemExit(f"--copy-worker {net_name} {nodes} did not start")
-
-        def phase(run, steps):
-            for p in run:
-                p.stdin.write(f"{steps}\n")
-                p.stdin.flush()
-            return [json.loads(p.stdout.readline()) for p in run]
-
-        for p in procs:  # warm each copy up alone (first steps allocate and compile)
-            warm = phase([p], 3)[0]
-        steps = int(min(max(seconds / statistics.median(warm), 5), 400))
-        alone, together = [], []
-        for r in range(rounds):  # in turn alone first and together first: a drift hits both
-            for run in (procs[:1], procs) if r % 2 == 0 else (procs, procs[:1]):
-                got = statistics.median(x for xs in phase(run, steps) for x in xs)
-                (alone if len(run) == 1 else together).append(got)
-    finally:
-        for p in procs:
-            try:
-                p.stdin.write("0\n")
-                p.stdin.close()
-            except OSError:
-                pass
-            p.wait(60)
-    a, t = statistics.median(alone), statistics.median(together)
-    return {"alone_s": alone, "together_s": together, "steps": steps, "factor": t / a}
-
-
-def calibrate_contention(doc, nets, nodes_list, batch=None):
-    """Each net's contention beside copies of itself (``copies_contention``) into a calibration
-    document: every call kept (``doc["copies_calls"]``, the last ``KEEP_CALLS``); the simulator
-    takes each factor's median over them (``net_contention``)."""
+def calibrate_contention(doc, nets, nodes_list, repeat=3):
+    """Each net's own contention, from training runs that are not validated: the net on P
+    nodes on loopback with no link limit, the default plan (hybrid) without WFBP, ``repeat``
+    runs; the compute thread's CPU per iteration is kept (``doc["net_runs"]``, a call's runs
+    together, the last ``KEEP_CALLS`` calls), and ``net_contention`` divides it by the net's
+    compute alone for the plan those runs had. LeNet's are the training-run costs' own runs."""
     for net in nets:
+        if net == "lenet":
+            continue
         for nodes in nodes_list:
             if nodes < 2:
                 continue
-            got = copies_contention(net, nodes, batch=batch)
-            calls = doc.setdefault("copies_calls", {}).setdefault(f"{net}|{nodes}", [])
-            calls.append(got | {"commit": code_commit(), "load": os.getloadavg()})
+            iters = NET_RUN_ITERS.get(net, 30)
+            runs = [node_cpu_from_run(nodes, iters, "off", 1024, net=net, comm="hybrid") for _ in range(repeat)]
+            call = {
+                "compute_cpu_s": [r["compute_cpu_s"] for r in runs],
+                "period_s": [r["period_s"] for r in runs],
+                "sfb": runs[0]["sfb"],
+                "commit": code_commit(),
+                "load": os.getloadavg(),
+            }
+            calls = doc.setdefault("net_runs", {}).setdefault(f"{net}|{nodes}", [])
+            calls.append(call)
             del calls[:-KEEP_CALLS]
+            c = doc["nets"].get(f"{net}|{nodes}")
+            alone = compute_alone(c, set(call["sfb"])) if c else None
             print(
-                f"{net}, {nodes} copies at once: x{got['factor']:.3f} the CPU of one alone per step "
-                f"({1e3 * statistics.median(got['alone_s']):.1f} -> {1e3 * statistics.median(got['together_s']):.1f} ms, "
-                f"{got['steps']} steps x {len(got['alone_s'])} rounds; the calls kept: "
-                + ", ".join(f"x{c['factor']:.3f}" for c in calls)
-                + ")",
+                f"{net} on {nodes} nodes (SFB: {','.join(call['sfb']) or '-'}): the compute thread's CPU "
+                + ", ".join(f"{1e3 * x:.1f}" for x in call["compute_cpu_s"])
+                + " ms per iteration"
+                + (
+                    f", alone {1e3 * alone:.1f}: x{statistics.median(call['compute_cpu_s']) / alone:.3f}"
+                    if alone
+                    else ""
+                ),
                 flush=True,
             )
+
+
+def compute_alone(c, sfb=()):
+    """What a node's compute thread does per iteration, timed alone (a calibrated net ``c``):
+    forward and backward, less the weight gradient of the layers in ``sfb`` (rebuilt from the
+    factors instead), and the zeroing of the other layers' gradients."""
+    zero = c.get("zero_s_per_param", 0.0)
+    out = c["overhead"]
+    for r in c["layers"]:
+        out += r["forward"] + r["backward"]
+        if r["name"] in sfb:
+            out -= r.get("wgrad") if r.get("wgrad") is not None else r["backward"] / 2
+        else:
+            out += zero * r["count"]
+    return out
 
 
 def runs_contention(calib):
@@ -442,19 +407,16 @@ def runs_contention(calib):
 
 def net_contention(calib, net):
     """{nodes: factor} the simulator slows ``net``'s kernels by on ``nodes`` nodes sharing this
-    machine: the contention of LeNet's training runs (``runs_contention``: other processes, the
-    node's own helper threads) x ``net``'s copies factor over LeNet's (``copies_contention``,
-    medians over the calls kept), where both were measured; LeNet's own is the runs'."""
-    calls = calib.get("copies_calls", {})
-
-    def copies(name, p):
-        xs = [c["factor"] for c in calls.get(f"{name}|{p}", [])]
-        return statistics.median(xs) if xs else None
-
-    out = {}
-    for p, x in runs_contention(calib).items():
-        mine, lenet = copies(net, p), copies("lenet", p)
-        out[p] = x * mine / lenet if mine and lenet else x
+    machine: the net's own training runs' compute over its compute alone (``calibrate_contention``,
+    the median over its calls' runs), where measured; else LeNet's (``runs_contention``)."""
+    out = runs_contention(calib)
+    for key, calls in calib.get("net_runs", {}).items():
+        name, p = key.split("|")
+        c = calib.get("nets", {}).get(key)
+        if name != net or c is None or not calls:
+            continue
+        ratios = [x / compute_alone(c, set(call["sfb"])) for call in calls for x in call["compute_cpu_s"]]
+        out[int(p)] = statistics.median(ratios)
     return out
 
 
@@ -494,17 +456,18 @@ def tcp_cpu_per_byte(use_ns, mb=32):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def node_cpu_from_run(nodes, iters, wfbp, bucket_kb, link=None):
-    """Per node per iteration, from one run that is not part of the validation (LeNet, plain PS,
-    ``nodes`` nodes on loopback, no link limit or the transport's limiter at ``link``): the
-    transport threads' and the rest of the process's CPU ("other"), the compute thread's, the
-    shard's server thread's, all CPU, bytes."""
+def node_cpu_from_run(nodes, iters, wfbp, bucket_kb, link=None, net="lenet", comm="ps"):
+    """Per node per iteration, from one run that is not part of the validation (``net``, ``comm``
+    (plain PS by default), ``nodes`` nodes on loopback, no link limit or the transport's limiter
+    at ``link``): the transport threads' and the rest of the process's CPU ("other"), the
+    compute thread's, the shard's server thread's, all CPU, bytes, and the layers it
+    synchronized by SFB."""
     with tempfile.TemporaryDirectory(prefix="poseidon-calibrate-") as work:
-        solver, _ = synthetic_solver("lenet", work, iters)
+        solver, _ = synthetic_solver(net, work, iters)
         out = os.path.join(work, "run")
         cmd = [sys.executable, "-m", "minicaffe.train", solver, "--iters", str(iters), "--test-interval", "0"]
-        cmd += ["--no-plot", "--output", out, "--force", "--comm", "ps", "--wfbp", wfbp, "--nodes", str(nodes)]
-        cmd += ["--bucket-kb", f"{bucket_kb:g}"]
+        cmd += ["--no-plot", "--output", out, "--force", "--comm", comm, "--wfbp", wfbp, "--nodes", str(nodes)]
+        cmd += ["--bucket-kb", f"{bucket_kb:g}", "--peer-timeout", "120", "--connect-timeout", "300"]
         if link:
             cmd += ["--link", link, "--link-delay", DELAY]
         r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), cwd=work)
@@ -512,9 +475,10 @@ def node_cpu_from_run(nodes, iters, wfbp, bucket_kb, link=None):
             raise SystemExit(f"calibration run failed:\n{(r.stdout + r.stderr)[-2000:]}")
         recs = [json.loads(line) for line in open(os.path.join(out, "train_log.jsonl"))]
         dist = next(x for x in recs if x.get("kind") == "dist")
-    return node_means(
+    means = node_means(
         cpu_breakdown(dist["nodes"]), statistics.mean(v["bytes_per_iter"] for v in dist["nodes"].values())
     )
+    return means | {"sfb": sorted(n for n, u in dist["poseidon"]["layers"].items() if u.get("method") == "sfb")}
 
 
 def node_means(cpu, nbytes):
@@ -793,12 +757,14 @@ def calibration_code(calib):
 
 def calibration_commit(calib, git):
     """The commit of the code a calibration measured, to match runs to it: its calls' commit
-    (a '+' for changes not committed dropped; the newest where they name several), or
-    ``code_commit`` for a calibration made before its calls recorded theirs."""
+    (a '+' for changes not committed dropped), the oldest where they name several (later calls
+    of a calibration may come from a checkout with changes of its own, to the benchmark, that
+    the runs' code never had), or ``code_commit`` for a calibration made before its calls
+    recorded theirs."""
     found = sorted({c.rstrip("+") for c in calibration_code(calib)}) or [calib.get("code_commit")]
     found = [c for c in found if c and git.known(c)]
-    newest = [c for c in found if not any(o != c and git.is_ancestor(c, o) for o in found)]
-    return newest[0] if newest else None
+    oldest = [c for c in found if not any(o != c and git.is_ancestor(o, c) for o in found)]
+    return oldest[0] if oldest else None
 
 
 class Git:
@@ -1235,9 +1201,9 @@ def main(argv=None):
     p.add_argument(
         "--calibrate-contention",
         action="store_true",
-        help="time --nets x --nodes beside copies of themselves: each net's own contention (copies_contention)",
+        help="each of --nets (but LeNet, whose runs are --calibrate-runs') in training runs on --nodes, no link "
+        "limit: its own contention",
     )
-    p.add_argument("--copy-worker", nargs=2, metavar=("NET", "NODES"), help=argparse.SUPPRESS)
     p.add_argument(
         "--calibrate-bytes",
         action="store_true",
@@ -1246,9 +1212,6 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.calibration is None and not args.report:
         args.calibration = os.path.join(ROOT, "benchmarks", "poseidon_calibration.json")
-    if args.copy_worker:
-        copy_worker(args.copy_worker[0], int(args.copy_worker[1]), args.batch)
-        return 0
     if args.calibrate_runs or args.calibrate_bytes or args.calibrate_nets or args.calibrate_contention:
         with open(args.calibration) as f:
             doc = json.load(f)
@@ -1256,7 +1219,7 @@ def main(argv=None):
         if args.calibrate_nets:
             calibrate_nets(doc, args.nets, args.nodes, args.batch)
         if args.calibrate_contention:
-            calibrate_contention(doc, args.nets, args.nodes, args.batch)
+            calibrate_contention(doc, args.nets, args.nodes)
         if args.calibrate_runs:
             calibrate_runs(doc)
             doc["runs_load"] = os.getloadavg()

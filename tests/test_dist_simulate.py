@@ -449,7 +449,7 @@ def test_each_run_is_checked_against_the_calibration_of_its_own_code():
     calibs = {
         "old.json": {"code_commit": "a"},  # made before its calls recorded their commit
         "mid.json": {"net_calls": {"lenet|2": [{"commit": "b+"}, {"commit": "b"}]}},
-        "new.json": {"run_calls": [{"commit": "c"}], "byte_run": {"commit": "b"}},  # the newest of its codes
+        "new.json": {"run_calls": [{"commit": "c"}], "byte_run": {"commit": "d+"}},  # the oldest of its codes
         "lost.json": {"code_commit": "zzz"},  # a commit this checkout does not have
     }
     assert [bench.calibration_commit(c, git) for c in calibs.values()] == ["a", "b", "c", None]
@@ -514,30 +514,29 @@ def test_only_a_ps_layers_gradient_is_zeroed_before_the_backward():
     assert sfb.cpu["compute"] == pytest.approx(6e-3 - 1e-3 + 0.4e-3)  # (and the SFB layer skips its dW)
 
 
-def test_a_nets_contention_is_lenets_runs_times_its_own_copies_factor():
+def test_a_nets_contention_is_its_own_training_runs_compute_over_alone():
     bench = _bench()
-    lenet = {"layers": [{"forward": 3e-3, "backward": 6e-3, "count": 100}], "overhead": 1e-3}
+    lenet = {"layers": [{"name": "ip", "forward": 3e-3, "backward": 6e-3, "count": 100}], "overhead": 1e-3}
+    fc = {"layers": [{"name": "fc", "forward": 4e-3, "backward": 8e-3, "wgrad": 3e-3, "count": 1000}], "overhead": 0.0}
     calib = {
-        "nets": {"lenet|2": lenet, "lenet|4": dict(lenet, overhead=0.0)},
+        "nets": {"lenet|2": lenet, "lenet|4": dict(lenet, overhead=0.0), "fc|2": dict(fc, zero_s_per_param=1e-6)},
         # the runs' compute: 10.505 and 9.9 ms on 2 nodes (11 ms alone and 10 in those calls)
         "run_calls": [
-            {
-                "contention": {"2": 1.0, "4": 1.2},
-                "contention_measured": {"2": 0.955, "4": 1.2},
-                "compute_alone_s": {"2": 11e-3, "4": 10e-3},
-            },
-            {
-                "contention": {"2": 1.0, "4": 1.1},
-                "contention_measured": {"2": 0.99, "4": 1.1},
-                "compute_alone_s": {"2": 10e-3, "4": 10e-3},
-            },
+            {"contention": {"2": 1.0, "4": 1.2}, "contention_measured": {"2": 0.955, "4": 1.2},
+             "compute_alone_s": {"2": 11e-3, "4": 10e-3}},
+            {"contention": {"2": 1.0, "4": 1.1}, "contention_measured": {"2": 0.99, "4": 1.1},
+             "compute_alone_s": {"2": 10e-3, "4": 10e-3}},
         ],  # fmt: skip
-        "copies_calls": {"lenet|2": [{"factor": 1.0}], "fc|2": [{"factor": 1.2}, {"factor": 1.3}, {"factor": 1.25}]},
-    }
+        # the FC net's runs, its layer by SFB (no dW, nothing zeroed: 9 ms alone), then by PS (13 ms)
+        "net_runs": {"fc|2": [{"compute_cpu_s": [9.9e-3, 10.8e-3, 9.0e-3], "sfb": ["fc"]},
+                              {"compute_cpu_s": [14.3e-3], "sfb": []}]},
+    }  # fmt: skip
     runs = bench.runs_contention(calib)
     # the median of the runs' compute over LeNet alone in the nets' timings (10 ms): below 1 is kept
     assert runs == {2: pytest.approx(10.2025e-3 / 10e-3), 4: pytest.approx(11.5e-3 / 9e-3)}
+    assert bench.compute_alone(calib["nets"]["fc|2"], {"fc"}) == pytest.approx(9e-3)
+    assert bench.compute_alone(calib["nets"]["fc|2"]) == pytest.approx(13e-3)
     got = bench.net_contention(calib, "fc")
-    assert got[2] == pytest.approx(runs[2] * 1.25)  # its copies factor over LeNet's
-    assert got[4] == pytest.approx(runs[4])  # no copies measured at 4: LeNet's runs alone
+    assert got[2] == pytest.approx(1.1)  # the median of 1.1, 1.2, 1.0 and 1.1
+    assert got[4] == pytest.approx(runs[4])  # not measured on 4 nodes: LeNet's
     assert bench.net_contention(calib, "lenet") == runs
