@@ -691,9 +691,10 @@ DOT_MIN_K = 256
 #: fewest elements of c for it: on a tiny product (LeNet's ip2, 64 x 10) BLAS is faster
 DOT_MIN_C = 4096
 #: most bytes of a for it: the kernel streams all of a past every four rows of b, so a must stay
-#: in L2 (half of a Zen 4 core's 1 MB).  Past that BLAS's packing wins: LeNet's conv2 forward with
-#: the pixels as rows, (2048 x 500) @ (50 x 500)^T, 76 GFLOP/s here against OpenBLAS's 87
-DOT_MAX_A = 512 * 1024
+#: in L2 (a Zen 4 core's is 1 MB).  Past that BLAS's packing wins: LeNet's conv2 forward with the
+#: pixels as rows, a = (2048 x 500) floats = 4 MB, ran at 76 GFLOP/s here against OpenBLAS's 87;
+#: conv2's whole-batch weight gradient, a = dY (50 x 4096) = 800 KB, at 79 against 62
+DOT_MAX_A = 1 << 20
 
 
 def _has_avx512():
