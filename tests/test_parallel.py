@@ -73,14 +73,15 @@ def test_shards_cover_the_batch():
     assert shard_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_bsp_equals_one_thread_on_the_whole_batch(tmp_path, n):
+@pytest.mark.parametrize("n, server_computes", [(1, True), (2, True), (3, True), (1, False), (2, False)])
+def test_bsp_equals_one_thread_on_the_whole_batch(tmp_path, n, server_computes):
     serial = make_solver(tmp_path)
     serial.step(6)
     par = make_solver(tmp_path)
-    with ParallelTrainer(par, n) as trainer:
+    with ParallelTrainer(par, n, server_computes=server_computes) as trainer:
         trainer.step(6)
-        assert len(trainer.worker_threads()) == n  # parked until close
+        # parked until close; by default the calling thread computes worker 0's shard itself
+        assert len(trainer.worker_threads()) == (n - 1 if server_computes else n)
     assert par.iter == 6
     if n == 1:  # the same sums in the same order: bit-exact
         for x, y in zip(params_of(serial), params_of(par)):

@@ -34,7 +34,7 @@ def test_threads_park_between_steps_and_end_at_close(tmp_path):
     assert trainer.worker_threads() == []  # nothing starts before the first run
     trainer.step(1)
     threads = trainer.worker_threads()
-    assert len(threads) == 2 and all(t.daemon for t in threads)
+    assert len(threads) == 1 and all(t.daemon for t in threads)  # worker 1 (worker 0: this thread)
     before = threading.active_count()
     for _ in range(8):
         trainer.step(1)
@@ -72,7 +72,7 @@ def test_the_context_manager_closes(tmp_path):
     with ParallelTrainer(make_solver(tmp_path), 3) as trainer:
         trainer.step(2)
         threads = trainer.worker_threads()
-        assert len(threads) == 3
+        assert [t.name for t in threads] == ["minicaffe-worker-1", "minicaffe-worker-2"]
     assert not [t.name for t in threads if t.is_alive()]
 
 
@@ -83,17 +83,18 @@ def test_a_garbage_collected_trainer_ends_its_parked_threads(tmp_path):
         return trainer.worker_threads()  # Thread objects: they do not keep the trainer alive
 
     threads = run()
-    assert len(threads) == 2
+    assert len(threads) == 1
     gc.collect()
     assert wait_until_ended(threads) == []
 
 
-def test_an_error_ends_every_worker_thread_at_once_and_a_new_run_starts_fresh_ones(tmp_path):
+@pytest.mark.parametrize("k", [0, 1])  # worker 0 in the server's own thread, worker 1 a thread
+def test_an_error_ends_every_worker_thread_at_once_and_a_new_run_starts_fresh_ones(tmp_path, k):
     par = make_solver(tmp_path)
-    trainer = ParallelTrainer(par, 2)
+    trainer = ParallelTrainer(par, 3)
     trainer.step(2)
     first = trainer.worker_threads()
-    layer = trainer.replicas[0].layer_dict["ip"]
+    layer = trainer.replicas[k].layer_dict["ip"]
     forward, calls = layer.forward, []
 
     def failing(bottom, top):
@@ -103,7 +104,7 @@ def test_an_error_ends_every_worker_thread_at_once_and_a_new_run_starts_fresh_on
         forward(bottom, top)
 
     layer.forward = failing
-    with pytest.raises(WorkerError, match="bad sector"):
+    with pytest.raises(WorkerError, match=f"worker {k} failed at iteration 3: RuntimeError: bad sector"):
         trainer.step(5)
     assert trainer.worker_threads() == []  # joined before the error reached us, not at close()
     assert not [t.name for t in first if t.is_alive()]
@@ -186,5 +187,64 @@ def test_dropped_trainers_leak_no_thread_and_the_interpreter_exits_cleanly():
     proc = subprocess.run([sys.executable, "-c", LEAK], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "WORKERS 0" in proc.stdout, proc.stdout
-    assert "EXITING 2" in proc.stdout, proc.stdout
+    assert "EXITING 1" in proc.stdout, proc.stdout  # worker 1 (worker 0 is the main thread)
     assert "Fatal Python error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+class _Affinity:
+    """A solver callback: the cores of the thread that runs each iteration's on_start."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_start(self, solver):
+        self.seen.append(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="thread affinity is Linux's")
+def test_the_calling_thread_computes_worker_0_on_its_core_and_gets_its_cores_back(tmp_path):
+    """Under BSP the thread that calls step() is worker 0 (bound, with pin, to worker 0's core
+    while the run lasts, its own cores given back after), so only N-1 threads start; with
+    server_computes=False, or SSP, every worker is a thread and the caller is left alone."""
+    par = make_solver(tmp_path)
+    probe = _Affinity()
+    par.add_callback(probe)
+    before = os.sched_getaffinity(0)
+    first = min(before)
+    with ParallelTrainer(par, 2, pin=True) as trainer:
+        trainer.step(3)
+        assert probe.seen == [{first}] * 3 and os.sched_getaffinity(0) == before
+        assert [t.name for t in trainer.worker_threads()] == ["minicaffe-worker-1"]
+        assert trainer.stats()["worker_compute"][0] > 0  # computed here, not in a thread
+    for kwargs in ({"server_computes": False}, {"staleness": 1}):
+        probe.seen.clear()
+        with ParallelTrainer(par, 2, pin=True, **kwargs) as trainer:
+            trainer.step(2)
+            assert probe.seen == [before] * 2
+            assert [t.name for t in trainer.worker_threads()] == ["minicaffe-worker-0", "minicaffe-worker-1"]
+
+
+def test_a_nan_in_the_callers_own_shard_names_worker_0_and_nothing_is_updated(tmp_path):
+    """Worker 0's shard (computed by the server's own thread) makes the loss NaN: the server
+    reports it at once (it does not wait for an update that will never come), names worker 0
+    and its images, and the parameters are those before that iteration."""
+    rng = np.random.default_rng(11)
+    images = rng.integers(0, 256, size=(96, 1, 8, 8)).astype(np.float32)
+    images[13] = np.nan  # batch 1 holds images 12..23: worker 0's rows 0..5
+    from minicaffe import data
+
+    data.unregister_dataset("par_set")
+    data.register_dataset("par_set", images, rng.integers(0, 5, size=96))
+    par = make_solver(tmp_path)
+    with ParallelTrainer(par, 2) as trainer:
+        trainer.step(1)
+        after_one = params_of(par)
+        t0 = time.perf_counter()
+        with pytest.raises(
+            SolverError, match=r"loss is nan at iteration 1, from worker 0 \(images 0\.\.5 of the batch\)"
+        ):
+            trainer.step(1)
+        assert time.perf_counter() - t0 < 5
+        assert trainer.worker_threads() == []
+    for x, y in zip(after_one, params_of(par)):
+        np.testing.assert_array_equal(x, y)

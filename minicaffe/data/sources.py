@@ -13,13 +13,44 @@ images of different sizes; the transformer crops them one by one).
 """
 
 import os
+import sys
 import threading
 
 import numpy as np
+from numba import njit, types
 
 from ._util import DatasetError
 from .datum import decode_datum, read_image
 from .db import open_db
+
+#: C's ``ssize_t pread(int fd, void *buf, size_t count, off_t offset)``, called by its name from
+#: compiled code (LLVM links it against the C library, so the kernel below can be cached); the
+#: buffer is passed as its address (an integer: a pointer's register on 64-bit platforms)
+_pread = types.ExternalFunction("pread", types.intp(types.intc, types.uintp, types.uintp, types.int64))
+#: where ``read_rows`` can run: POSIX (pread) with a 64-bit off_t
+NOGIL_READS = hasattr(os, "preadv") and sys.maxsize > 2**32
+
+
+@njit(nogil=True, cache=True)
+def read_rows(fd, offset, item, indices, rows):
+    """Fill ``rows`` (n, item) uint8 with the records ``indices`` of a file of ``item``-byte
+    records starting at byte ``offset``: one pread per run of consecutive indices, all of them
+    without the GIL (from Python each read is a call that drops and takes the GIL again, 64 of
+    them for a shuffled batch of 64, while the training threads want it).  Returns (-1, 0), or
+    (j, bytes read) for the read that came short, starting at ``indices[j]``."""
+    base = rows.ctypes.data
+    n = indices.size
+    j = 0
+    while j < n:
+        r = 1
+        while j + r < n and indices[j + r] == indices[j] + r:
+            r += 1
+        want = r * item
+        got = _pread(fd, base + j * item, want, offset + indices[j] * item)
+        if got != want:
+            return j, got
+        j += r
+    return -1, 0
 
 
 def _stack(images):
@@ -61,11 +92,13 @@ class DatumDBDataset:
 class NpyFileDataset:
     """Images (N, C, H, W) in an uncompressed ``.npy`` file, labels (N,) in memory.
 
-    ``gather`` allocates the batch and fills it with ``os.preadv`` straight from the file (no
+    ``gather`` allocates the batch and fills it with ``pread`` straight from the file (no
     memory map, so no page of the file becomes part of the process's resident memory; the
     kernel's page cache keeps the file warm for the next epoch): one call per run of consecutive
     indices, so a test set read in order costs one call per batch and a shuffled batch of 64 costs
-    64 calls of one image each.  The bytes are those of the array ``np.load`` would return.
+    64 calls of one image each, made by ``read_rows`` without the GIL (where C's pread is not
+    there, by ``os.preadv`` from Python).  The bytes are those of the array ``np.load`` would
+    return.
     """
 
     def __init__(self, name, path, labels):
@@ -111,14 +144,31 @@ class NpyFileDataset:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.count):
             raise DatasetError(f"'{self.name}': image index out of range 0..{self.count - 1}")
+        if self._fd is None:
+            raise DatasetError(f"'{self.name}': {self.path} was closed")
         out = np.empty((idx.size,) + self.shape, dtype=self.dtype)
-        rows = out.reshape(idx.size, -1).view(np.uint8)  # one row of bytes per image
+        rows = out.view(np.uint8).reshape(idx.size, self.item)  # one row of bytes per image
+        if not idx.size:
+            return out, self.labels[idx]
+        if NOGIL_READS:
+            j, got = read_rows(self._fd, self.offset, self.item, idx, rows)
+            if j < 0:
+                return out, self.labels[idx]
+            where = f"{self.path}: image {int(idx[j])}"
+            if got < 0:  # the system's reason: the same read again, from Python
+                try:
+                    self._read(rows[j : j + 1], self.offset + int(idx[j]) * self.item)
+                except (OSError, TypeError) as e:
+                    raise DatasetError(f"{where} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+            raise DatasetError(f"{where}: the read came short ({got} bytes; file changed?)")
         starts = np.flatnonzero(np.diff(idx) != 1) + 1
         for a, b in zip([0, *starts.tolist()], [*starts.tolist(), idx.size]):
             want = (b - a) * self.item
             got = self._read(rows[a:b], self.offset + int(idx[a]) * self.item)
             if got != want:
-                raise DatasetError(f"{self.path}: read {got} of {want} bytes at image {int(idx[a])} (file changed?)")
+                raise DatasetError(
+                    f"{self.path}: image {int(idx[a])}: the read came short ({got} bytes; file changed?)"
+                )
         return out, self.labels[idx]
 
     def close(self):

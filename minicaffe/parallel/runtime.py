@@ -1,4 +1,4 @@
-"""SingleCaffe in one process: a parameter-server thread and N worker threads.
+"""SingleCaffe in one process: a parameter-server thread and N workers.
 
 Who does what, every iteration c (a *clock*: one global batch)::
 
@@ -12,6 +12,14 @@ Who does what, every iteration c (a *clock*: one global batch)::
         wait until batch c is there and applied >= c - s      (s = staleness; 0 = BSP)
         copy its slice [lo_k, hi_k) of batch c into its Input blobs
         G_k[c] = 0; forward; backward                         (reads W, writes only G_k)
+
+Under BSP the server's own thread is worker 0 (``server_computes``, the default; as in Caffe,
+whose root solver trains in the thread that called Solve): right after fetching, it computes
+worker 0's shard itself, then waits for the others.  Only workers 1..N-1 are threads, so two
+workers on two cores are two threads, not three: no wake-up of a parked worker 0 at the start
+of a clock, no wake-up of the server at its end, and the server's own Python (the Solver's loop,
+the fetch) no longer preempts a worker bound to its core.  SSP keeps N worker threads (they run
+ahead of the server, which then must not compute).
 
 The sharded update (shard.py; any rule with L2 decay on the CPU, BSP, no clipping,
 iter_size 1): the
@@ -135,6 +143,9 @@ class ParallelTrainer:
     ``pin``: bind worker k to core k, so that its replica, its gradients and its range of the
     parameters stay in that core's caches from one step to the next; None (default) pins when
     the workers, one BLAS thread and one lane each, fill the cores exactly (Linux only).
+    ``server_computes``: under BSP the thread that calls ``step``/``solve`` computes worker 0's
+    shard itself between its server duties, and only workers 1..N-1 are threads (default True);
+    False: N worker threads and a server that only waits (as SSP always has).
     Use ``solve()`` / ``step(n)`` as the Solver's; ``stats()`` says where the time went;
     ``memory_sections()`` feeds minicaffe.memory.report.
     """
@@ -150,13 +161,17 @@ class ParallelTrainer:
         worker_timeout=DEFAULT_WORKER_TIMEOUT,
         shard_update=True,
         pin=None,
+        server_computes=True,
     ):
         if worker_timeout is not None and not worker_timeout > 0:
             raise SolverError(f"worker_timeout must be a positive number of seconds (or None), got {worker_timeout}")
         self.worker_timeout = worker_timeout
         self.shard_update = bool(shard_update)
         self.pin = pin
+        # BSP: the server's own thread computes worker 0's shard (as Caffe's root solver does)
+        self.inline = bool(server_computes) and staleness == 0
         self._generation, self._left_behind = 0, []  # the run under way (or the last one)
+        self._saved_affinity = None  # the calling thread's cores while it is pinned as worker 0
         self._pool, self._closed = None, False  # the parked worker threads (started by the first run)
         self._shard_plans = {}  # ShardPlan per (lr_mults, decays): built once, reused by every run
         self._announced = None  # the configuration the last 'Training with ...' line described
@@ -166,6 +181,7 @@ class ParallelTrainer:
             raise SolverError(f"staleness must be >= 0 (0 = BSP), got {staleness}")
         self.solver, self.n = solver, int(n_workers)
         self.staleness = int(staleness)
+        self._threaded = list(range(1 if self.inline else 0, self.n))  # the workers that are threads
         self.log = log or solver.log
         net = solver.net
         self.data_layers = [(i, layer) for i, layer in enumerate(net.layers) if isinstance(layer, DataLayer)]
@@ -366,7 +382,7 @@ class ParallelTrainer:
         ref = weakref.ref(self)  # parked threads must not keep their trainer alive
         pool.threads = [
             threading.Thread(target=_worker_thread, args=(pool, ref, k), name=f"minicaffe-worker-{k}", daemon=True)
-            for k in range(self.n)
+            for k in self._threaded
         ]
         # garbage collection of the trainer, or the interpreter's exit, ends parked threads
         pool.finalizer = weakref.finalize(self, pool.close)
@@ -475,6 +491,10 @@ class ParallelTrainer:
         with self._cv:  # wake the parked workers: this run is theirs
             self._pool.generation = self._generation
             self._cv.notify_all()
+        self._saved_affinity = None
+        if self.inline and self._pinned:  # this thread is worker 0: its core, until the run ends
+            self._saved_affinity = blas.allowed_cores()
+            blas.pin_thread(self._pinned[0])
         mode = "BSP" if not self.staleness else f"SSP, staleness {self.staleness}"
         update = (
             "reduce + update sharded over the workers"
@@ -518,6 +538,8 @@ class ParallelTrainer:
         still be computing: the threads are stopped and joined, and the next run starts new ones."""
         solver = self.solver
         self.timing["wall"] = time.perf_counter() - self._t0
+        if self._saved_affinity:  # first: a reader's thread started below must not inherit the pin
+            os.sched_setaffinity(0, self._saved_affinity)
         clean = (
             not failed
             and self._error is None
@@ -576,20 +598,17 @@ class ParallelTrainer:
             )
         self._fetch_until(self._lookahead(c))
         t0 = time.perf_counter()
-        stop_seen = None
+        if self.inline:  # this thread is worker 0: its shard first, then its range of the update
+            gen, tm = self._generation, self.timing
+            tm["staleness"][0] = tm["staleness"].get(0, 0) + 1  # (BSP: it computes from the latest W)
+            self._as_worker0(c, self._compute, 0, c, gen, tm, self._batches[c], t0)
+            if self.sharded:
+                t_sync = time.perf_counter()
+                self._wait_for(c, t0, lambda: self._done[c] == self.n)
+                if self._complete > c:  # (else a non-finite loss: reported below, nothing updated)
+                    self._as_worker0(c, self._apply_shard, 0, c, gen, tm, t_sync)
+        self._wait_for(c, t0, lambda: self._gathered(c))
         with self._cv_server:
-            while not self._gathered(c) and self._error is None:
-                now = time.perf_counter()
-                if self.solver.requested_stop and stop_seen is None:
-                    stop_seen = now
-                if (stop_seen is not None and now - stop_seen > STOP_GRACE) or (
-                    self.worker_timeout is not None and now - t0 > self.worker_timeout
-                ):
-                    self._abandon(c)
-                self._cv_server.wait(0.2)
-            if self._error is not None:
-                k, kc, exc = self._error
-                raise WorkerError(k, self._iter0 + kc // self.iter_size, exc) from exc
             losses, outputs = self._losses.pop(c), self._outputs.pop(c)
             del self._done[c], self._batches[c]
         t1 = time.perf_counter()
@@ -624,6 +643,37 @@ class ParallelTrainer:
         self._t_return = t2
         return loss
 
+    def _wait_for(self, c, t0, ready):
+        """The server waits (the lock is not held) until ``ready()`` holds for clock ``c``, a
+        worker fails (WorkerError), or the iteration is abandoned: a stop request not met
+        within STOP_GRACE, or a worker past its deadline counted from ``t0``."""
+        stop_seen = None
+        with self._cv_server:
+            while not ready() and self._error is None:
+                now = time.perf_counter()
+                if self.solver.requested_stop and stop_seen is None:
+                    stop_seen = now
+                if (stop_seen is not None and now - stop_seen > STOP_GRACE) or (
+                    self.worker_timeout is not None and now - t0 > self.worker_timeout
+                ):
+                    self._abandon(c)
+                self._cv_server.wait(0.2)
+            if self._error is not None:
+                k, kc, exc = self._error
+                raise WorkerError(k, self._iter0 + kc // self.iter_size, exc) from exc
+
+    def _as_worker0(self, c, fn, *args):
+        """``fn(*args)``, worker 0's part of clock ``c`` run in the server's own thread
+        (``inline``): its failure is a WorkerError at once, and the worker threads stop."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            with self._cv:
+                if self._error is None:
+                    self._error = (0, c, exc)
+                self._cv.notify_all()
+            raise WorkerError(0, self._iter0 + c // self.iter_size, exc) from exc
+
     def _gathered(self, c):
         """Clock ``c`` is ready for the server (the lock is held): its N gradients are in and,
         with the sharded update, so is the update (the server then waits once per clock, and
@@ -632,6 +682,10 @@ class ParallelTrainer:
             return False
         return not self.sharded or self._applied > c or self._complete <= c
 
+    def _thread_name(self, k):
+        """The name of the thread that computes worker ``k``."""
+        return threading.current_thread().name if self.inline and k == 0 else f"minicaffe-worker-{k}"
+
     def _abandon(self, c):
         """Leave clock ``c``: rewind to the start of its iteration (the reader is rewound there
         when the threads stop) and unwind the Solver's loop before it updates anything."""
@@ -639,9 +693,9 @@ class ParallelTrainer:
         self._stop = True  # (the lock is held) no worker may start the sharded update of c now
         if self.sharded and self._complete > c:
             # every gradient of c is in, so its update is under way: W is partly updated
-            late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._updated[k] < c]
+            late = [(k, self._thread_name(k), it) for k in range(self.n) if self._updated[k] < c]
             raise _Abandoned(late[:1], consistent=False)
-        late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._delivered[k] < c]
+        late = [(k, self._thread_name(k), it) for k in range(self.n) if self._delivered[k] < c]
         self._clock = (c // self.iter_size) * self.iter_size
         raise _Abandoned(late)
 
@@ -673,7 +727,7 @@ class ParallelTrainer:
             while self._applied <= c and self._error is None:
                 if self.worker_timeout is not None and time.perf_counter() - t0 > self.worker_timeout:
                     it = self._iter0 + c
-                    late = [(k, f"minicaffe-worker-{k}", it) for k in range(self.n) if self._updated[k] < c]
+                    late = [(k, self._thread_name(k), it) for k in range(self.n) if self._updated[k] < c]
                     self._stop = True
                     raise _Abandoned(late[:1], consistent=False)
                 self._cv_server.wait(0.2)
@@ -722,16 +776,12 @@ class ParallelTrainer:
             elif self._affinity:
                 os.sched_setaffinity(0, self._affinity)  # a later run without pinning
             core = want
-        net, lay, inputs = self.replicas[k], self.rep_layouts[k], self._inputs[k]
-        bounds = {name: self.bounds[name][k] for name in inputs}
-        out_names = list(net.outputs)
-        cv, grads = self._cv, self.grads[k]
+        cv = self._cv
         with cv:
             if generation != self._generation:
                 return True, core
             tm, sharded = self.timing, self.sharded
         lag = tm["staleness"]
-        slot = self._slots[k]
         c = 0
         try:
             while True:
@@ -747,39 +797,8 @@ class ParallelTrainer:
                         return True, core
                     batch = self._batches[c]
                     lag[c - self._applied] = lag.get(c - self._applied, 0) + 1
-                t1 = time.perf_counter()
-                if self.n_slots > 1 and c % self.n_slots != slot:
-                    slot = self._slots[k] = c % self.n_slots
-                    lay.attach_diff(grads[slot])  # (zeroed)
-                else:
-                    grads[slot][...] = 0
-                for name, blobs in inputs.items():
-                    lo, hi = bounds[name]
-                    for blob, arr in zip(blobs, batch[name]):
-                        blob.data[...] = arr[lo:hi].reshape(blob.shape)
-                t2 = time.perf_counter()
-                loss = net.forward_backward()
-                outs = {name: np.array(net.blobs[name].data) for name in out_names}
-                t3 = time.perf_counter()
-                with cv:
-                    if generation != self._generation or c not in self._done:
-                        return True, core  # a thread left behind by an abandoned run: deliver nothing
-                    self._losses[c][k] = loss
-                    self._outputs[c][k] = outs
-                    self._done[c] += 1
-                    self._delivered[k] = c
-                    tm["worker_wait"][k] += t1 - t0
-                    tm["worker_copy"][k] += t2 - t1
-                    tm["worker_compute"][k] += t3 - t2
-                    if self._done[c] == self.n:
-                        # a non-finite loss is the server's to report (_nonfinite): nothing of
-                        # that clock may reach W, so the workers are not let through
-                        if all(math.isfinite(x) for x in self._losses[c]):
-                            self._complete = c + 1
-                        if not sharded or self._complete <= c:
-                            self._cv_server.notify_all()  # (sharded: woken once the update is in)
-                        if sharded:
-                            cv.notify_all()
+                if not self._compute(k, c, generation, tm, batch, t0):
+                    return True, core  # a thread left behind by an abandoned run: deliver nothing
                 if sharded and not self._update_shard(k, c, generation, tm):
                     return True, core
                 c += 1
@@ -790,6 +809,47 @@ class ParallelTrainer:
                 cv.notify_all()
                 self._cv_server.notify_all()
             return False, core
+
+    def _compute(self, k, c, generation, tm, batch, t0):
+        """Worker ``k``'s forward and backward of clock ``c`` on its rows of ``batch`` (waiting
+        for it began at ``t0``), delivered to the server; False: the run it was for is over
+        (it delivers nothing)."""
+        t1 = time.perf_counter()
+        net, grads, slot = self.replicas[k], self.grads[k], self._slots[k]
+        if self.n_slots > 1 and c % self.n_slots != slot:
+            slot = self._slots[k] = c % self.n_slots
+            self.rep_layouts[k].attach_diff(grads[slot])  # (zeroed)
+        else:
+            grads[slot][...] = 0
+        for name, blobs in self._inputs[k].items():
+            lo, hi = self.bounds[name][k]
+            for blob, arr in zip(blobs, batch[name]):
+                blob.data[...] = arr[lo:hi].reshape(blob.shape)
+        t2 = time.perf_counter()
+        loss = net.forward_backward()
+        outs = {name: np.array(net.blobs[name].data) for name in net.outputs}
+        t3 = time.perf_counter()
+        with self._cv:
+            if generation != self._generation or c not in self._done:
+                return False
+            self._losses[c][k] = loss
+            self._outputs[c][k] = outs
+            self._done[c] += 1
+            self._delivered[k] = c
+            tm["worker_wait"][k] += t1 - t0
+            tm["worker_copy"][k] += t2 - t1
+            tm["worker_compute"][k] += t3 - t2
+            if self._done[c] == self.n:
+                # a non-finite loss is the server's to report (_nonfinite): nothing of
+                # that clock may reach W, so the workers are not let through
+                if all(math.isfinite(x) for x in self._losses[c]):
+                    self._complete = c + 1
+                if not self.sharded or self._complete <= c or self.inline:
+                    # (sharded: woken once the update is in, unless it computes worker 0's range)
+                    self._cv_server.notify_all()
+            if self.sharded:
+                self._cv.notify_all()  # a worker waiting for every gradient of c
+        return True
 
     def _update_shard(self, k, c, generation, tm):
         """Worker ``k``'s part of clock ``c``'s update (shard.py), once all N gradients and
@@ -805,8 +865,13 @@ class ParallelTrainer:
                 self._cv.wait(0.5)
             if self._stop or self._error is not None or generation != self._generation:
                 return False
-            rate, correction = self._rates[c]
+        return self._apply_shard(k, c, generation, tm, t0)
+
+    def _apply_shard(self, k, c, generation, tm, t0):
+        """Worker ``k`` sums the N gradients of clock ``c`` and updates W on its range (they
+        and the rate are in; waiting for them began at ``t0``); False: the run is over."""
         t1 = time.perf_counter()
+        rate, correction = self._rates[c]
         self._shards.run(k, self.grads[:, 0], self.weights, self.W, self.G, self.H, self._rule, rate, correction)
         t2 = time.perf_counter()
         with self._cv:
