@@ -161,9 +161,9 @@ class Convolution(_ConvBase):
         # few input taps (LeNet's conv1): the backend's direct kernels, no columns, where it has them
         cg = self.channels // self.group
         self._direct = self.group == 1 and self.backend.conv_direct(cg, self.kh, self.kw, self.sh, self.sw)
-        # On the host the columns are kept transposed, one row per output pixel (rows = col^T):
-        # OpenBLAS runs all three products 1.1-1.4x faster in that orientation on LeNet's conv2
-        # (docs/KERNELS.md), and the backend's im2col/col2im take rows when handed rows.T.  A GPU
+        # On the host the column gradient is computed transposed, one row per output pixel
+        # (rows = d(col)^T = dout^T @ W): OpenBLAS runs it 1.37x faster than W^T @ dout on LeNet's
+        # conv2 (docs/KERNELS.md), and the backend's col2im takes it when handed rows.T.  A GPU
         # backend keeps Caffe's layout, as do grouped and 1x1 convolutions.
         self._rows = self.backend.host_lanes and self.group == 1 and not self._pointwise and not self._direct
         for t in top:
@@ -187,9 +187,6 @@ class Convolution(_ConvBase):
         M = self.num_output
         K = self.channels // G * self.kh * self.kw
         P = n * self.out_h * self.out_w
-        if self._rows:
-            self._forward_rows(lane, x, y, n, M, K, P)
-            return
         if self._pointwise and n == 1:
             col = x.reshape(G * K, P)  # a 1x1 conv of one image: the image is col
         else:
@@ -234,9 +231,6 @@ class Convolution(_ConvBase):
             if dx is None:
                 return
             want_dw = want_db = False
-        if self._rows:
-            self._backward_rows(lane, reuse, x, dy, dx, dw, db, beta, want_dw, want_db, n, M, K, P)
-            return
         col = x.reshape(G * K, P) if self._pointwise and n == 1 else self._col.part(lane, G * K, P)
         dout = dy.reshape(M, P) if n == 1 else self._out.part(lane, M, P)
         if want_db and not lane:
@@ -255,51 +249,18 @@ class Convolution(_ConvBase):
         if dx is not None:
             # d(col) = w^T @ dout goes into the column buffer, then col2im sums it into dx.
             w = self.blobs[0].dev_data.reshape(M, K)
+            if self._rows:
+                # on the host, transposed: d(rows) = dout^T @ w, one row per output pixel, in the
+                # same buffer (dW has read the columns); col2im takes it as rows.T
+                rows = self._col.part(lane, P, K)
+                be.gemm(True, False, 1.0, dout, w, 0.0, rows)
+                be.col2im(rows.T, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, dx)
+                return
             if self._pointwise and n == 1:
                 col = dx.reshape(G * K, P)  # d(col) is dx itself: the GEMMs write it
             grouped_gemm(be, G, True, False, w, dout, 0.0, col)
             if not (self._pointwise and n == 1):
                 be.col2im(col, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, dx)
-
-    # -- the same GEMMs with the pixels as rows (the host's layout; see reshape) ---------------------
-    def _forward_rows(self, lane, x, y, n, M, K, P):
-        """rows (P, K) = im2col(x)^T; the top from rows @ W^T (P, M), or W @ rows^T for one image."""
-        be, w = self.backend, self.blobs[0].dev_data.reshape(M, K)
-        rows = self._col.part(lane, P, K)
-        self.im2col(x, rows.T, self.out_h, self.out_w)  # col's shape, rows' memory: the kernel writes rows
-        y3 = y.reshape(n, M, -1)
-        if n == 1:  # (M, OH*OW) is the top's layout: the GEMM writes it
-            be.gemm(False, True, 1.0, w, rows, 0.0, y3[0])
-            if self.bias_term:
-                y3 += self.blobs[1].dev_data.reshape(1, M, 1)
-            return
-        out = self._out.part(lane, P, M)
-        be.gemm(False, True, 1.0, rows, w, 0.0, out)
-        src = out.reshape(n, -1, M).transpose(0, 2, 1)  # (n, OH*OW, M) -> the top's (n, M, OH*OW)
-        if self.bias_term:
-            self.xp.add(src, self.blobs[1].dev_data.reshape(1, M, 1), out=y3)
-        else:
-            y3[...] = src
-
-    def _backward_rows(self, lane, reuse, x, dy, dx, dw, db, beta, want_dw, want_db, n, M, K, P):
-        """dW += dY (M, P) @ rows; d(rows) = dY^T @ W into the rows buffer, then summed into dx."""
-        be = self.backend
-        rows = self._col.part(lane, P, K)
-        dout = dy.reshape(M, P) if n == 1 else self._out.part(lane, M, P)
-        if want_db and not lane:
-            be.bias_bwd(dy.reshape(n, M, -1), self.blobs[1].dev_diff, None if n == 1 else dout)
-        else:
-            if n > 1:
-                dout.reshape(M, n, -1)[...] = dy.reshape(n, M, -1).transpose(1, 0, 2)
-            if want_db:
-                db[...] = dout.sum(axis=1)
-        if want_dw:
-            if not reuse:
-                self.im2col(x, rows.T, self.out_h, self.out_w)  # forward's rows are gone
-            be.gemm(False, False, 1.0, dout, rows, beta, dw)
-        if dx is not None:
-            be.gemm(True, False, 1.0, dout, self.blobs[0].dev_data.reshape(M, K), 0.0, rows)
-            be.col2im(rows.T, self.kh, self.kw, self.ph, self.pw, self.sh, self.sw, self.dh, self.dw, dx)
 
     # -- the contract ---------------------------------------------------------------------------
     def _rounds(self, n):
