@@ -70,7 +70,10 @@ def im2col(x, kh, kw, ph, pw, sh, sw, dh, dw, col):
 
 
 def col2im(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
-    """The adjoint of im2col: x (OVERWRITTEN) = the sum of every column put back at its patch."""
+    """The adjoint of im2col: x (OVERWRITTEN) = the sum of every column put back at its patch.
+    On the CPU (``host_lanes``) ``col`` may also be ``rows.T``, the transpose of a C-contiguous
+    (N*OH*OW, C*kh*kw) array, one row per output pixel (the Convolution layer's data gradient in
+    that orientation, docs/KERNELS.md); im2col accepts that layout too."""
     raise NotImplementedError
 
 
