@@ -421,6 +421,19 @@ def _patch_checked_add(rf, d, xf, n, C, H, W, h0, w0, kh, kw, dh, dw):
                 d += _U(1)
 
 
+@njit(nogil=True, cache=True)
+def _row_geometry(H, W, kh, kw, ph, pw, sh, sw, dh, dw):
+    """(OH, OW, oh_lo, oh_hi, ow_lo, ow_hi): the output size and the output pixels whose whole patch
+    lies inside the image with unit column dilation (each of its kh runs is kw adjacent values),
+    which im2row/row2im copy with no bounds test per value; the others take the checked loop."""
+    OH, OW = out_size(H, kh, ph, sh, dh), out_size(W, kw, pw, sw, dw)
+    oh_lo, oh_hi = _valid_range(-ph, sh, H - dh * (kh - 1), OH)
+    ow_lo, ow_hi = _valid_range(-pw, sw, W - dw * (kw - 1), OW)
+    if dw != 1:
+        ow_hi = ow_lo  # every patch takes the checked loop
+    return OH, OW, oh_lo, oh_hi, ow_lo, ow_hi
+
+
 def _make_row_kernels(KW):
     """im2row and row2im compiled for kernel width KW (a constant inside them)."""
 
@@ -428,13 +441,7 @@ def _make_row_kernels(KW):
     def im2row_kw(x, kh, ph, pw, sh, sw, dh, dw, rows):
         """rows[q, r] = col[r, q]: pixel by pixel, in rows' order (each row written once, in order)."""
         N, C, H, W = x.shape
-        OH, OW = out_size(H, kh, ph, sh, dh), out_size(W, KW, pw, sw, dw)
-        # output pixels whose whole patch lies inside the image (and has unit column dilation:
-        # each of its kh runs is KW adjacent values) are copied with no bounds test per value
-        oh_lo, oh_hi = _valid_range(-ph, sh, H - dh * (kh - 1), OH)
-        ow_lo, ow_hi = _valid_range(-pw, sw, W - dw * (KW - 1), OW)
-        if dw != 1:
-            ow_hi = ow_lo  # every patch takes the checked loop
+        OH, OW, oh_lo, oh_hi, ow_lo, ow_hi = _row_geometry(H, W, kh, KW, ph, pw, sh, sw, dh, dw)
         xf, rf = x.reshape(x.size), rows.reshape(rows.size)
         z = rows.dtype.type(0)
         d = _U(0)
@@ -459,11 +466,7 @@ def _make_row_kernels(KW):
     def row2im_kw(rows, kh, ph, pw, sh, sw, dh, dw, x):
         """The adjoint: x = 0, then each row of rows added back onto its patch (padding dropped)."""
         N, C, H, W = x.shape
-        OH, OW = out_size(H, kh, ph, sh, dh), out_size(W, KW, pw, sw, dw)
-        oh_lo, oh_hi = _valid_range(-ph, sh, H - dh * (kh - 1), OH)
-        ow_lo, ow_hi = _valid_range(-pw, sw, W - dw * (KW - 1), OW)
-        if dw != 1:
-            ow_hi = ow_lo
+        OH, OW, oh_lo, oh_hi, ow_lo, ow_hi = _row_geometry(H, W, kh, KW, ph, pw, sh, sw, dh, dw)
         xf, rf = x.reshape(x.size), rows.reshape(rows.size)
         xf[:] = 0
         d = _U(0)
