@@ -122,12 +122,17 @@ def median_run(runs):
     return out
 
 
+def median_iteration(recs, warmup=2):
+    """Seconds of the median iteration after ``warmup`` in a train_log's records: robust to other
+    jobs on the machine; what the grid reports and the simulator is checked against."""
+    its = [r for r in recs if r.get("kind") == "iter"]
+    return statistics.median(b["seconds"] - a["seconds"] for a, b in zip(its, its[1:]) if a["iter"] >= warmup)
+
+
 def parse_run(out, batch, nodes, warmup=2):
     recs = [json.loads(line) for line in open(os.path.join(out, "train_log.jsonl"))]
-    its = [r for r in recs if r.get("kind") == "iter"]
     dist = next(r for r in recs if r.get("kind") == "dist")
-    times = [b["seconds"] - a["seconds"] for a, b in zip(its, its[1:]) if a["iter"] >= warmup]
-    per_iter = statistics.median(times)  # the median iteration: robust to other jobs on the machine
+    per_iter = median_iteration(recs, warmup)
     node0 = dist["nodes"]["0"]
     pos = dist["poseidon"]
     busy = node0["compute_s"] + node0["sync_s"]
@@ -327,9 +332,16 @@ def calibrate_net(net_name, nodes, batch=None, iters=10):
             "step_rest_s": max(t_step - layer_s - update_s, 0.0), "step_s": t_step}  # fmt: skip
 
 
-# iterations per contention run: enough to leave the start-up behind (the FC head's 20 gave a
-# compute thread 67-71 ms per iteration on 2 nodes where the grid's runs took 48-56)
-NET_RUN_ITERS = {"cifar10_quick": 40, "alexnet_fc_head": 80}
+# iterations per contention run: as many as the grid's runs of the net have (the runs the
+# simulator predicts): a node's threads pay per iteration what they pay in a run that long (the
+# FC head's compute thread took 46.5-47.3 ms per iteration on 2 nodes in runs of 80 iterations,
+# 48-56 in the grid's of 7)
+NET_RUN_ITERS = {"cifar10_quick": 40, "alexnet_fc_head": 7}
+
+
+# what each contention run keeps, per node per iteration: the compute thread's CPU, the SFB
+# thread's and the shard's, all the node's CPU, and the period (mean; median iteration)
+NET_RUN_FIGURES = ("compute_cpu_s", "sfb_cpu_s", "server_cpu_s", "cpu_s", "period_s", "period_median_s")
 
 
 def calibrate_contention(doc, nets, nodes_list, repeat=3):
@@ -346,9 +358,9 @@ def calibrate_contention(doc, nets, nodes_list, repeat=3):
                 continue
             iters = NET_RUN_ITERS.get(net, 30)
             runs = [node_cpu_from_run(nodes, iters, "off", 1024, net=net, comm="hybrid") for _ in range(repeat)]
-            call = {
-                "compute_cpu_s": [r["compute_cpu_s"] for r in runs],
-                "period_s": [r["period_s"] for r in runs],
+            call = {k: [r[k] for r in runs] for k in NET_RUN_FIGURES}
+            call |= {
+                "iters": iters,
                 "sfb": runs[0]["sfb"],
                 "commit": code_commit(),
                 "load": os.getloadavg(),
@@ -480,7 +492,8 @@ def node_cpu_from_run(nodes, iters, wfbp, bucket_kb, link=None, net="lenet", com
     means = node_means(
         cpu_breakdown(dist["nodes"]), statistics.mean(v["bytes_per_iter"] for v in dist["nodes"].values())
     )
-    return means | {"sfb": sorted(n for n, u in dist["poseidon"]["layers"].items() if u.get("method") == "sfb")}
+    sfb = sorted(n for n, u in dist["poseidon"]["layers"].items() if u.get("method") == "sfb")
+    return means | {"sfb": sfb, "period_median_s": median_iteration(recs)}
 
 
 def node_means(cpu, nbytes):
@@ -490,6 +503,7 @@ def node_means(cpu, nbytes):
         "transport_cpu_s": statistics.mean(v["other_cpu_s"] for v in rows),
         "compute_cpu_s": statistics.mean(v["compute_cpu_s"] for v in rows),
         "server_cpu_s": statistics.mean(v.get("server_cpu_s", 0.0) for v in rows),
+        "sfb_cpu_s": statistics.mean(v.get("sfb_cpu_s", 0.0) for v in rows),
         "cpu_s": statistics.mean(v["user_s"] + v["sys_s"] for v in rows),
         "bytes": nbytes,
         "period_s": statistics.mean(v["period_s"] for v in rows),
@@ -562,10 +576,17 @@ def solve_run_costs(med, tcp_byte, alone, kernel, units=4, nodes=4, cores=None):
 def run_drift(med, cores=None):
     """{nodes: seconds per iteration the cores sat idle at BSP's barrier} from the training
     runs' medians (``run_costs``): where nothing but the other nodes is waited for (no link
-    limit), the period beyond the nodes' CPU spread over the cores, P x CPU / cores. Runs ``two``
-    (2 nodes) and ``off`` (4)."""
+    limit), the period (``period_of``: the median iteration, as the grid's) beyond the nodes' CPU
+    spread over the cores, P x CPU / cores. Runs ``two`` (2 nodes) and ``off`` (4)."""
     cores = cores or os.cpu_count()
-    return {str(p): max(med[w]["period_s"] - p * med[w]["cpu_s"] / cores, 0.0) for p, w in ((2, "two"), (4, "off"))}
+    return {str(p): max(period_of(med[w]) - p * med[w]["cpu_s"] / cores, 0.0) for p, w in ((2, "two"), (4, "off"))}
+
+
+def period_of(run):
+    """A run's seconds per iteration as the grid reports it: the median iteration (the mean of
+    the CPU marks' clocks for runs from before it was kept; a few slow iterations lift the mean
+    0.5-1.3 ms above the median in LeNet's runs of 12-15 ms)."""
+    return run.get("period_median_s", run["period_s"])
 
 
 COSTS = ("cpu_s_per_byte", "cpu_s_per_frame", "round_trip_s")
