@@ -370,17 +370,20 @@ def calibrate_contention(doc, nets, nodes_list, repeat=3):
             del calls[:-KEEP_CALLS]
             c = doc["nets"].get(f"{net}|{nodes}")
             alone = compute_alone(c, set(call["sfb"])) if c else None
-            print(
-                f"{net} on {nodes} nodes (SFB: {','.join(call['sfb']) or '-'}): the compute thread's CPU "
-                + ", ".join(f"{1e3 * x:.1f}" for x in call["compute_cpu_s"])
-                + " ms per iteration"
-                + (
-                    f", alone {1e3 * alone:.1f}: x{statistics.median(call['compute_cpu_s']) / alone:.3f}"
-                    if alone
-                    else ""
-                ),
-                flush=True,
-            )
+            ms = ", ".join(f"{1e3 * x:.1f}" for x in call["compute_cpu_s"])
+            line = f"{net} on {nodes} nodes (SFB: {','.join(call['sfb']) or '-'}, {iters} iterations): "
+            line += f"the compute thread's CPU {ms} ms per iteration"
+            if alone:
+                line += f", alone {1e3 * alone:.1f}: x{statistics.median(call['compute_cpu_s']) / alone:.3f}"
+            if c and call["sfb"]:
+                ms = ", ".join(f"{1e3 * x:.1f}" for x in call["sfb_cpu_s"])
+                sfb = sfb_alone(doc, c, call["sfb"])
+                line += (
+                    f"; the SFB thread's {ms}, alone {1e3 * sfb:.1f}: x{statistics.median(call['sfb_cpu_s']) / sfb:.3f}"
+                )
+            idle = [p - nodes * x / doc["cores"] for p, x in zip(call["period_median_s"], call["cpu_s"])]
+            line += f"; out of step {', '.join(f'{1e3 * x:.1f}' for x in idle)} ms"
+            print(line, flush=True)
 
 
 def compute_alone(c, sfb=()):
@@ -431,6 +434,64 @@ def net_contention(calib, net):
             continue
         ratios = [x / compute_alone(c, set(call["sfb"])) for call in calls for x in call["compute_cpu_s"]]
         out[int(p)] = statistics.median(ratios)
+    return out
+
+
+def sfb_alone(calib, c, sfb):
+    """What a node's SFB thread does per iteration, timed alone or from LeNet's runs: the rebuild
+    + update of each layer in ``sfb`` (``sfb_sync_cpu``), a sync unit's handling per layer and the
+    thread's own per iteration (``run_costs_of``)."""
+    if not sfb:
+        return 0.0
+    rebuild = sfb_sync_cpu(calib, c["net"], c.get("global_batch"))
+    k = run_costs_of(calib)
+    return sum(rebuild.get(name, 0.0) for name in sfb) + len(sfb) * k["unit_cpu_s"] + k.get("thread_cpu_s", 0.0)
+
+
+def net_sfb_contention(calib, net):
+    """{nodes: factor} the simulator slows ``net``'s SFB rebuilds by on ``nodes`` nodes: the SFB
+    thread's CPU per iteration in the net's own training runs (``calibrate_contention``, runs
+    that kept it) over what the model charges that thread alone (``sfb_alone``). Every node
+    rebuilds at the same moment, a kernel that streams 2 x 4 bytes per parameter: it shares the
+    memory, not only the cores, so the compute thread's factor need not be its factor. {} where
+    no run measured it (the compute thread's factor applies)."""
+    out = {}
+    for key, calls in calib.get("net_runs", {}).items():
+        name, p = key.split("|")
+        c = calib.get("nets", {}).get(key)
+        if name != net or c is None:
+            continue
+        ratios = [
+            x / sfb_alone(calib, c, call["sfb"])
+            for call in calls
+            if call.get("sfb") and "sfb_cpu_s" in call
+            for x in call["sfb_cpu_s"]
+        ]
+        if ratios:
+            out[int(p)] = statistics.median(ratios)
+    return out
+
+
+def net_drift(calib, net):
+    """{nodes: seconds per iteration out of step at BSP's barrier} for ``net``: from the net's own
+    training runs (``calibrate_contention``; the median iteration less the nodes' CPU over the
+    cores, as ``run_drift``), where they kept both; else LeNet's (``run_costs_of``). The time
+    the nodes lose out of step grows with the iteration (the scheduler's turns on shared cores
+    are longer than LeNet's 12 ms when a node's threads each run 50-100 ms at a time)."""
+    out = {int(p): x for p, x in run_costs_of(calib).get("drift_s", {}).items()}
+    cores = calib.get("cores") or os.cpu_count()
+    for key, calls in calib.get("net_runs", {}).items():
+        name, p = key.split("|")
+        if name != net:
+            continue
+        idle = [
+            max(period - int(p) * cpu / cores, 0.0)
+            for call in calls
+            if "period_median_s" in call
+            for period, cpu in zip(call["period_median_s"], call["cpu_s"])
+        ]
+        if idle:
+            out[int(p)] = statistics.median(idle)
     return out
 
 
@@ -966,7 +1027,8 @@ def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=
             unit_cpu=k["unit_cpu_s"],
             iteration_cpu=k["iteration_cpu_s"],
             thread_cpu=k.get("thread_cpu_s", 0.0),
-            drift={int(p): x for p, x in k.get("drift_s", {}).items()},
+            drift=net_drift(calib, net),
+            sfb_contention=net_sfb_contention(calib, net) or None,
         )
     else:
         host = sim.Host(calib["cores"], per_byte, tcp["cpu_s_per_frame"])

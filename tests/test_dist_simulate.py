@@ -276,6 +276,22 @@ def test_contention_per_node_count():
     assert r.period == pytest.approx(1.05 * (3e-3 + 1e-3))
 
 
+def test_an_sfb_rebuild_slows_by_the_sfb_threads_own_factor():
+    # hybrid on 2 nodes, 4 cores: conv (PS, a 1 ms update) and ip (SFB, a 10 ms rebuild)
+    layers = chain((1e-3, 1e-3, 1000), (1e-3, 1e-3, 5000, (50, 100, 2)))
+    layers[0].sync_cpu, layers[1].sync_cpu = {"ps": 1e-3}, {"sfb": 10e-3}
+    same = sim.Host(cores=4, contention={2: 1.1})
+    apart = sim.Host(cores=4, contention={2: 1.1}, sfb_contention={2: 1.3})
+    assert same.sfb_inflation(2) == pytest.approx(1.1)  # not measured apart: the compute's
+    assert apart.sfb_inflation(2) == pytest.approx(1.3)
+    assert apart.sfb_inflation(1) == 1.0
+    r = {k: sim.simulate(layers, 2, FREE, "hybrid", wfbp=False, host=h) for k, h in (("same", same), ("apart", apart))}
+    assert r["same"].cpu["sync"] == pytest.approx(1.1 * 11e-3)
+    assert r["apart"].cpu["sync"] == pytest.approx(1.1 * 1e-3 + 1.3 * 10e-3)  # the shard's update as the compute
+    assert r["apart"].cpu["compute"] == pytest.approx(r["same"].cpu["compute"])
+    assert r["apart"].period - r["same"].period == pytest.approx(0.2 * 10e-3)
+
+
 def test_serving_threads_and_the_process_cost_cpu():
     # hybrid on 2 nodes: ip (SFB) and conv (PS) each a unit; each serving thread (the shard's,
     # the SFB thread) costs thread_cpu once an iteration, each unit unit_cpu; the rest of the
@@ -323,6 +339,11 @@ def test_costs_from_training_runs_are_solved_from_their_differences():
     med["two"] = run(4, compute=9.2e-3)
     got = bench.solve_run_costs(med, per_byte, {2: 10e-3, 4: 4.5e-3}, kernel, cores=2)
     assert got["drift_s"] == pytest.approx({"2": 14e-3, "4": 3e-3})  # the cores idle at the barrier
+    # the period the grid reports, the median iteration, where a run kept it (not the marks' mean)
+    med["two"] = dict(med["two"], period_median_s=20e-3)
+    assert bench.solve_run_costs(med, per_byte, {2: 10e-3, 4: 4.5e-3}, kernel, cores=2)["drift_s"]["2"] == (
+        pytest.approx(9e-3)
+    )
     assert got["cpu_s_per_frame"] == pytest.approx(frame)
     assert got["iteration_cpu_s"] == pytest.approx(fixed)
     assert got["unit_cpu_s"] == pytest.approx(unit)
@@ -540,3 +561,34 @@ def test_a_nets_contention_is_its_own_training_runs_compute_over_alone():
     assert got[2] == pytest.approx(1.1)  # the median of 1.1, 1.2, 1.0 and 1.1
     assert got[4] == pytest.approx(runs[4])  # not measured on 4 nodes: LeNet's
     assert bench.net_contention(calib, "lenet") == runs
+
+
+def test_a_nets_sfb_thread_and_out_of_step_time_come_from_its_own_runs():
+    bench = _bench()
+    fc = {
+        "net": "fc",
+        "global_batch": 32,
+        "overhead": 0.0,
+        "layers": [{"name": "fc", "forward": 4e-3, "backward": 8e-3, "count": 1000, "sync_cpu": {"sfb": 20e-3}}],
+    }
+    calib = {
+        "cores": 2,
+        "nets": {"fc|2": fc, "fc|4": dict(fc, global_batch=32)},
+        "net_calls": {"fc|2": [fc], "fc|4": [dict(fc, layers=[dict(fc["layers"][0], sync_cpu={"sfb": 22e-3})])]},
+        # LeNet's runs: a sync unit 1 ms and the serving thread 0.5 ms beyond its kernels; out of step
+        "run_calls": [{"unit_cpu_s": 1e-3, "thread_cpu_s": 0.5e-3, "contention": {"2": 1.0},
+                       "drift_s": {"2": 1e-3, "4": 2e-3}}],
+        # the FC net's runs on 2 nodes: the SFB thread 21.5 x (1.2, 1.4, 1.0) ms, 2 nodes' 150 ms of
+        # CPU on 2 cores in periods of 154, 160 and 151 ms (a run from before they were kept: none)
+        "net_runs": {"fc|2": [{"compute_cpu_s": [9e-3] * 3, "sfb": ["fc"], "sfb_cpu_s": [25.8e-3, 30.1e-3, 21.5e-3],
+                               "cpu_s": [150e-3] * 3, "period_median_s": [154e-3, 160e-3, 151e-3]},
+                              {"compute_cpu_s": [9e-3], "sfb": ["fc"]}]},
+    }  # fmt: skip
+    # the rebuild alone: the median over every call of the same global batch (20 and 22 ms)
+    assert bench.sfb_alone(calib, fc, ["fc"]) == pytest.approx(21e-3 + 1e-3 + 0.5e-3)
+    assert bench.sfb_alone(calib, fc, []) == 0.0
+    got = bench.net_sfb_contention(calib, "fc")
+    assert got == {2: pytest.approx(25.8e-3 / 22.5e-3)}  # the median run's; 4 nodes not measured
+    assert bench.net_sfb_contention(calib, "lenet") == {}
+    assert bench.net_drift(calib, "fc") == {2: pytest.approx(4e-3), 4: pytest.approx(2e-3)}  # 4: LeNet's
+    assert bench.net_drift(calib, "lenet") == {2: pytest.approx(1e-3), 4: pytest.approx(2e-3)}

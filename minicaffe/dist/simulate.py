@@ -147,6 +147,10 @@ class Host:
     # Measured where nothing else waits (training runs with no link limit): the period minus the
     # nodes' CPU over the cores
     drift: object = 0.0
+    # ``contention`` for the SFB thread's kernels (the tiled rebuild + update: memory-bound, and every
+    # node runs it at the same moment), where measured apart in training runs (its CPU there over
+    # its kernels alone); None: as ``contention``
+    sfb_contention: object = None
 
     @staticmethod
     def _at(value, nodes, default):
@@ -163,6 +167,12 @@ class Host:
         if isinstance(self.contention, dict):
             return self._at(self.contention, nodes, 1.0)
         return self.contention if nodes > self.cores else 1.0
+
+    def sfb_inflation(self, nodes):
+        """The SFB thread's kernels' CPU seconds per second measured alone, for ``nodes`` nodes."""
+        if self.sfb_contention is None or nodes <= 1:
+            return self.inflation(nodes)
+        return self._at(self.sfb_contention, nodes, self.inflation(nodes))
 
     def drift_at(self, nodes):
         """Seconds per iteration at BSP's barrier with the cores idle, for ``nodes`` nodes."""
@@ -341,9 +351,10 @@ def simulate(
     of its process (``host.iteration_cpu``), and per sync unit the transport's CPU for its bytes
     and frames (``host.tcp_cpu``, ``host.frame_cpu``, both ends), the serving thread's
     (``host.unit_cpu``, and ``host.thread_cpu`` once an iteration per serving thread), the update
-    or rebuild (kernels like the compute's: x ``host.inflation(P)`` too), and with WFBP ``host.wfbp_sync_cpu`` (thread switches on shared cores). An SFB
-    layer's own weight gradient is not computed on the nodes (the rebuilt one replaces it),
-    with or without a host.
+    or rebuild (kernels like the compute's: x ``host.inflation(P)`` too; an SFB layer's rebuild x
+    ``host.sfb_inflation(P)``), and with WFBP ``host.wfbp_sync_cpu`` (thread switches on shared
+    cores). An SFB layer's own weight gradient is not computed on the nodes (the rebuilt one
+    replaces it), with or without a host.
 
     ``bucket_bytes``: the PS layers sync in gradient buckets (``sync_units``): a bucket's
     layers travel together (4 (P - 1) frames per bucket instead of per blob), ready when its
@@ -356,6 +367,7 @@ def simulate(
     wfbp = wfbp and nodes > 1  # one node has nothing to overlap: it updates after backward, as Caffe
     n = len(layers)
     inflate = host.inflation(nodes) if host is not None else 1.0  # compute CPU s per s measured alone
+    sfb_inflate = host.sfb_inflation(nodes) if host is not None else 1.0  # the SFB thread's kernels'
     if sfb is not None:
         methods = [None if not l.count else "sfb" if l.name in sfb else "ps" for l in layers]
     else:
@@ -377,7 +389,8 @@ def simulate(
     for unit in units:
         m = methods[unit[0]]
         b = sum(each[i][2] for i in unit)
-        cpu_s = sum(each[i][1] for i in unit) * compute_scale * inflate  # kernels, as the compute's
+        slow = sfb_inflate if m == "sfb" else inflate  # kernels, as the compute's (the SFB thread's apart)
+        cpu_s = sum(each[i][1] for i in unit) * compute_scale * slow
         rounds = 0 if nodes == 1 else (2 if m == "ps" else 1)
         tcp = 0.0
         if host is not None and nodes > 1:
