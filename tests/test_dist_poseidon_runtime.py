@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from minicaffe import proto
+from minicaffe.dist import cost
 from minicaffe.dist import frames as F
 from minicaffe.dist.poseidon import Poseidon
 from minicaffe.dist.ps import Node, plan_buckets
@@ -70,7 +71,11 @@ def run(
     if resume:
         solvers[0].restore(resume)
     ts = mesh(world, 1 << 22, transport or SocketTransport)
-    slots = staleness + 2 if wfbp else None
+    slots = None
+    if wfbp:  # as the launcher: a second slot where some unit syncs inside the backward
+        cap = cost.DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+        costs = cost.plan(solvers[0].net, world, comm=comm, workers=workers, global_batch=True, bucket_bytes=cap)
+        slots = cost.wfbp_gradient_slots(costs, staleness, cap)
     nodes = [
         Node(
             s,
@@ -209,6 +214,82 @@ def test_buckets_compute_what_one_process_computes(bsp_reference, world, comm, w
         measured = p.measured_bytes(3)
         for name, (rule, headers) in p.predicted_bytes().items():
             assert abs(measured[name] - (rule + headers)) <= 0.05 * (rule + headers), (p.rank, name)
+
+
+class GradOrder(SocketTransport):
+    """A transport that logs, on the thread that sends it, the clock of every GRAD frame; a
+    Solver callback (``ReadyMark``) adds where each clock's backward ended."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.order = []
+
+    def send(self, dst, kind, key, clock, array=None, payload=None):
+        if kind == F.GRAD:
+            self.order.append(("GRAD", clock))
+        super().send(dst, kind, key, clock, array, payload)
+
+
+class ReadyMark:
+    def __init__(self, order):
+        self.order = order
+
+    def on_gradients_ready(self, solver):
+        self.order.append(("ready", solver.iter))
+
+
+def grad_order(cap, wfbp, world=2, iters=3):
+    """LeNet over the parameter server with bucket cap ``cap``: -> (solvers, nodes, poseidons,
+    per node {clock: [GRAD frames sent before its backward ended, after]})."""
+
+    def mark(nodes, pos):
+        for node in nodes:
+            node.solver.add_callback(ReadyMark(node.transport.order))
+
+    solvers, nodes, pos = run(world, "ps", wfbp, iters=iters, bucket_bytes=cap, transport=GradOrder, setup=mark)
+    counts = []
+    for node in nodes:
+        per, ended = {}, set()
+        for what, clock in node.transport.order:
+            if what == "ready":
+                ended.add(clock)
+            else:
+                per.setdefault(clock, [0, 0])[clock in ended] += 1
+        counts.append(per)
+    return solvers, nodes, pos, counts
+
+
+def test_wfbp_on_a_one_unit_plan_is_the_schedule_without_it():
+    """Where the whole net is one unit (LeNet in one 4 MiB bucket, as CIFAR-10 quick in its 1 MiB
+    one), its sync can only start after the whole backward: WFBP on runs exactly the schedule
+    without it. No gradient leaves before the backward has ended (the old runtime pushed it from
+    conv1's hook), no forward waits in a hook, one gradient slot, and the same numbers bit for bit."""
+    runs = {wfbp: grad_order(4 << 20, wfbp) for wfbp in (False, True)}
+    for wfbp, (solvers, nodes, pos, counts) in runs.items():
+        for node, p, per in zip(nodes, pos, counts):
+            assert len(node.buckets) == 1 and node.n_slots == 1 and node.hooked_blobs == set()
+            assert p.early_units == 0 and p.wait_at == {} and p.report(3)["syncs_in_backward"] == 0
+            assert per == {c: [0, 1] for c in range(3)}, (wfbp, per)  # one GRAD to the peer, after the backward
+    for a, b in zip(runs[False][0][0].net.learnable_params, runs[True][0][0].net.learnable_params):
+        assert np.array_equal(a.data, b.data)
+
+
+def test_wfbp_syncs_inside_the_backward_every_unit_but_the_lowest():
+    """Every blob its own bucket (cap 0): the six buckets above conv1 push from their layers'
+    hooks, before the backward ends, and the next forward waits for each at the first layer
+    that reads it; conv1's two can only start after the backward, so they go as without WFBP
+    (pushed and waited for in the Node's sync()). Training is still exactly one process's."""
+    solvers, nodes, pos, counts = grad_order(0, True)
+    for node, p, per in zip(nodes, pos, counts):
+        names = p.replicas[0].layer_names
+        assert p.early_units == 6 and node.n_slots == 2
+        assert sorted(names[l] for l in p.early) == ["conv2", "ip1", "ip2"]
+        assert sorted(names[l] for l in p.wait_at) == ["conv2", "ip1", "ip2"]
+        assert sorted(node.synced_here) == [0, 1]  # conv1's weight and bias
+        assert per == {c: [6, 2] for c in range(3)}, per
+    want = reference(3)
+    for s in solvers:
+        assert_matches(s, want)
 
 
 class OrderChecked(SocketTransport):

@@ -270,43 +270,79 @@ def _rule(c, p1, p2):
     return ps_floats(c.m, c.n, p1, p2), sfb_floats(c.k, c.m, c.n, p1)
 
 
-def unit_times(costs, sfb, nodes, servers=None, bucket_bytes=DEFAULT_BUCKET_BYTES, link_rate=None, host=DEFAULT_HOST):
-    """The sync units of a plan and what each costs one node per iteration, in the order the
-    backward makes them ready (last layer first): a list of dicts with ``layers`` (their names),
-    ``method``, ``bytes`` (sent + received), ``frames`` (sent + received), ``wire_s`` (the bytes
-    each way over ``link_rate``), ``cpu_s`` (moving them: per byte and per frame, this node's
-    half of both ends), ``work_s`` (the update's, and SFB's rebuild minus the node's own dW
-    GEMM that it skips) and ``seconds`` = max(wire, cpu) + work (moving bytes takes at least
-    its CPU). ``sfb``: the names of the layers synchronized by SFB; every other one goes to the
-    parameter server in gradient buckets (the runtime's ``plan_buckets``)."""
-    p1, p2 = int(nodes), int(servers or nodes)
-    rate = link_rate or DEFAULT_LINK_RATE
-    frames = 4 * (p1 - 1)
-    counts, layer_of, ps_blobs, first = [], [], [], {}
+def sync_units(costs, sfb, bucket_bytes=DEFAULT_BUCKET_BYTES):
+    """What synchronizes on its own, in the order the backward makes it ready (last layer
+    first): [(layers, method, floats)], each SFB layer (``sfb``: their names) alone, the other
+    layers in the parameter server's gradient buckets (``plan_buckets``, as the runtime plans
+    them); ``floats``: the parameters a bucket holds (None for an SFB layer)."""
+    counts, layer_of, ps_blobs = [], [], []
     for c in costs:
-        first[c.index] = len(counts)
         for n in c.blob_counts or [c.count]:
             if c.name not in sfb:
                 ps_blobs.append(len(counts))
             counts.append(n)
             layer_of.append(c.index)
     by_index = {c.index: c for c in costs}
+    units = [([c], "sfb", None) for c in costs if c.name in sfb]
+    for bucket in plan_buckets(counts, ps_blobs, layer_of, costs[0].itemsize if costs else 4, bucket_bytes):
+        layers = [by_index[i] for i in sorted({layer_of[b] for b in bucket})]
+        units.append((layers, "ps", sum(counts[b] for b in bucket)))
+    return sorted(units, key=lambda u: -max(c.index for c in u[0]))
+
+
+def starts_in_backward(unit_layers):
+    """WFBP: which units' syncs start inside the backward. ``unit_layers``: the layer indices of
+    each unit -> a bool per unit: every one but those holding the lowest layer that
+    synchronizes. Theirs can only start once the whole backward is done, as without WFBP, so
+    the runtime synchronizes them exactly as without it (pushed and waited for after the
+    backward): on a one-unit plan WFBP changes nothing and costs nothing."""
+    if not unit_layers:
+        return []
+    low = min(min(layers) for layers in unit_layers)
+    return [low not in layers for layers in unit_layers]
+
+
+def _early_units(costs, sfb, bucket_bytes):
+    units = sync_units(costs, sfb, bucket_bytes)
+    return sum(starts_in_backward([[c.index for c in u[0]] for u in units]))
+
+
+def wfbp_gradient_slots(costs, staleness, bucket_bytes=DEFAULT_BUCKET_BYTES):
+    """The gradient slots a node with WFBP needs (``Node(gradient_slots=...)``): staleness + 2
+    where some unit's sync starts inside the backward (the next clock's gradients go to
+    another slot while this clock's may still be on their way), else None (the Node's own
+    staleness + 1, as without WFBP)."""
+    sfb = {c.name for c in costs if c.choice == "sfb"}
+    return int(staleness) + 2 if _early_units(costs, sfb, bucket_bytes) else None
+
+
+def unit_times(costs, sfb, nodes, servers=None, bucket_bytes=DEFAULT_BUCKET_BYTES, link_rate=None, host=DEFAULT_HOST):
+    """The sync units of a plan (``sync_units``) and what each costs one node per iteration, in
+    the order the backward makes them ready (last layer first): a list of dicts with ``layers``
+    (their names), ``method``, ``bytes`` (sent + received), ``frames`` (sent + received),
+    ``wire_s`` (the bytes each way over ``link_rate``), ``cpu_s`` (moving them: per byte and
+    per frame, this node's half of both ends), ``work_s`` (the update's, and SFB's rebuild minus
+    the node's own dW GEMM that it skips) and ``seconds`` = max(wire, cpu) + work (moving bytes
+    takes at least its CPU). ``sfb``: the names of the layers synchronized by SFB; every other
+    one goes to the parameter server in gradient buckets (the runtime's ``plan_buckets``)."""
+    p1, p2 = int(nodes), int(servers or nodes)
+    rate = link_rate or DEFAULT_LINK_RATE
+    frames = 4 * (p1 - 1)
     units = []
-    for c in costs:
-        if c.name in sfb:
+    for layers, method, n in sync_units(costs, sfb, bucket_bytes):
+        if method == "sfb":
+            c = layers[0]
             floats = sfb_floats(c.k, c.m, c.n, p1)
             ktot = c.k * p1
             work = (2.0 * ktot * c.m * c.n - 2.0 * c.k * c.m * c.n) / host.gemm_flops
             work += 20.0 * c.count / host.update_bytes_per_s
-            units.append(([c], "sfb", floats * c.itemsize, work))
-    for bucket in plan_buckets(counts, ps_blobs, layer_of, costs[0].itemsize if costs else 4, bucket_bytes):
-        layers = [by_index[i] for i in sorted({layer_of[b] for b in bucket})]
-        n = sum(counts[b] for b in bucket)
-        units.append(
-            (layers, "ps", ps_floats(n, 1, p1, p2) * layers[0].itemsize, 20.0 * n / p2 / host.update_bytes_per_s)
-        )
+            units.append((layers, "sfb", floats * c.itemsize, work))
+        else:
+            units.append(
+                (layers, "ps", ps_floats(n, 1, p1, p2) * layers[0].itemsize, 20.0 * n / p2 / host.update_bytes_per_s)
+            )
     out = []
-    for layers, method, nbytes, work in sorted(units, key=lambda u: -max(c.index for c in u[0])):
+    for layers, method, nbytes, work in units:
         f = frames if p1 > 1 else 0
         wire = nbytes / 2 / rate if p1 > 1 else 0.0
         cpu = nbytes / 2 * host.cpu_per_byte + f / 2 * host.cpu_per_frame if p1 > 1 else 0.0
@@ -404,14 +440,15 @@ def wfbp_auto(
     (its compute thread keeps one busy), the syncs' CPU still has to run on that core and only
     wire time hides: max(all CPU, the last unit's wire time); with a spare core for every
     compute thread, everything but the last unit hides. It costs ``host.wfbp_sync_cpu`` per
-    unit (thread switches). On where the gain is larger; off with no core per compute thread."""
+    unit whose sync starts inside the backward (thread switches; ``starts_in_backward``: the
+    units holding the lowest layer are synchronized as without WFBP, at no cost). On where the
+    gain is larger; off with no core per compute thread."""
     if nodes < 2:
         return False, "auto: one node"
     if busy > cores:
         return False, f"auto: {busy} busy threads on {cores} cores leave nothing to overlap"
-    units = unit_times(
-        costs, {c.name for c in costs if c.choice == "sfb"}, nodes, servers, bucket_bytes, link_rate, host
-    )
+    sfb = {c.name for c in costs if c.choice == "sfb"}
+    units = unit_times(costs, sfb, nodes, servers, bucket_bytes, link_rate, host)
     if not units:
         return False, "auto: nothing to synchronize"
     wire = sum(u["wire_s"] for u in units)
@@ -422,11 +459,13 @@ def wfbp_auto(
         with_ = last["seconds"]
     else:
         with_ = max(cpu, last["wire_s"])
-    gain, price = without - with_, len(units) * host.wfbp_sync_cpu
+    early = _early_units(costs, sfb, bucket_bytes)
+    gain, price = without - with_, early * host.wfbp_sync_cpu
     rate = (link_rate or DEFAULT_LINK_RATE) * 8 / 1e9
     verdict = "on" if gain > price else "off"
     return gain > price, (
-        f"auto: {verdict}: overlap hides up to {1e3 * gain:.2f} ms per iteration, its {len(units)} syncs cost "
+        f"auto: {verdict}: overlap hides up to {1e3 * gain:.2f} ms per iteration, its {early} sync{'' if early == 1 else 's'} "
+        f"inside the backward cost "
         f"{1e3 * price:.2f} ms of CPU (link {rate:g} Gbit/s{'' if link_rate else ' assumed'}, "
         f"{busy} busy thread(s) on {cores} cores)"
     )

@@ -396,7 +396,8 @@ def train(solver, args, log, out_dir=None):
     wfbp, why = wfbp_setting(args, world, costs, link_rate)
     if rank == 0:
         log(f"WFBP {'on' if wfbp else 'off'} ({why})")
-    slots = args.staleness + 2 if wfbp else None  # WFBP: the next clock's gradients go to another slot
+    # WFBP: the next clock's gradients go to another slot where a unit syncs inside the backward
+    slots = cost.wfbp_gradient_slots(costs, args.staleness, bucket_bytes(args)) if wfbp else None
     node = Node(
         solver,
         transport,

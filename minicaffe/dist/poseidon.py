@@ -2,8 +2,8 @@
 
 ``Poseidon(node, comm="hybrid", wfbp=True)`` joins a ``minicaffe.dist.ps.Node`` (before its
 ``start()``) through declared seams only: the replicas' ``Net.add_hooks``, the Solver's
-callbacks, and the Node's extension point (``ps_blobs``, ``hooked_push``, ``deferred_wait``,
-``extra_waits``, ``combined_by_hooks``, ``extra_handlers``).
+callbacks, and the Node's extension point (``ps_blobs``, ``hooked_blobs``, ``extra_waits``,
+``combined_by_hooks``, ``extra_handlers``).
 
 **Hybrid communication** (``comm``): ``cost.plan`` picks, per layer, the parameter server (PS)
 or sufficient-factor broadcasting (SFB). A PS layer's blobs go through the Node's shards as
@@ -18,12 +18,17 @@ writes the new parameters into the node's parameter vector. Every node runs the 
 the same U and V in the same order and the same update on the same state, so the replicas stay
 bitwise identical (tested).
 
-**Wait-free backprop** (``wfbp``): the sync of layer l starts in the after-backward hook of
-layer l (PS: ``node.push``; SFB: the factors are sent), while the backward of the layers below
-goes on; the next forward of layer l waits in its before-forward hook for layer l's parameters
-only (PS: ``node.wait_params``; SFB: this runtime's version of the layer). Without WFBP the
-PS pushes happen in the Node's ``sync()`` and the SFB factors leave in ``on_gradients_ready``,
-after the whole backward, and ``sync()`` waits for every layer before the next iteration.
+**Wait-free backprop** (``wfbp``): what synchronizes on its own is a *unit* (an SFB layer, or a
+gradient bucket of PS layers). The sync of a unit starts in the after-backward hook of its
+lowest layer (PS: ``node.push``; SFB: the factors are sent), while the backward of the layers
+below goes on; the next forward waits, in the before-forward hook of the first layer that
+reads the unit's parameters, for that unit only (PS: ``node.wait_params``; SFB: this
+runtime's version of the layer). Without WFBP the PS pushes happen in the Node's ``sync()``
+and the SFB factors leave in ``on_gradients_ready``, after the whole backward, and ``sync()``
+waits for every unit before the next iteration. A unit holding the lowest layer that
+synchronizes can only start once the backward is done, WFBP or not (``cost.starts_in_backward``):
+it is synchronized exactly as without WFBP, so WFBP costs nothing where it has nothing to
+overlap (a plan of one unit runs the same schedule, the same frames, the same numbers).
 
 With ``--workers N`` the hooks of the N replicas count: the last worker through layer l's
 backward sums the workers' gradients of that layer (PS) or has the node's factor block complete
@@ -176,12 +181,10 @@ class Poseidon:
         node.wake_on_error.append(self.work)
         # -- join the Node, the replicas and the Solver
         node.ps_blobs = [i for i in range(node.n_blobs) if i not in self.sfb_blobs]
-        ps = set(node.ps_blobs)
-        self.ps_reads = {l: [i for i in reads if i in ps] for l, reads in self.reads.items()}
         node.plan_shards()  # the gradient buckets over the PS blobs only
-        node.hooked_push = node.deferred_wait = self.wfbp
-        node.combined_by_hooks = self.wfbp and node.n_workers > 1
-        node.extra_waits.append(self.wait_all)
+        self._plan_wfbp(node)
+        node.combined_by_hooks = node.n_workers > 1 and bool(self.early)
+        node.extra_waits.append(self._wait_in_sync)
         node.extra_handlers[F.FACTOR] = self
         node.extra_handlers[F.SFB_HIST] = self
         self.hist_pending = None  # on resume: SFB history frames still to come from node 0
@@ -202,11 +205,52 @@ class Poseidon:
         self.iter0 = None
         if self.rank == 0:
             self.log(cost.format_plan(self.costs, self.world, comm=comm))
+            units = len(self.units())
+            inside = f": {self.early_units} of {units} unit(s) sync inside the backward" if self.wfbp else ""
             self.log(
-                f"WFBP {'on' if self.wfbp else 'off'}; {len(self.sfb)} SFB layer(s), {len(node.ps_blobs)} PS blob(s)"
+                f"WFBP {'on' if self.wfbp else 'off'}{inside}; {len(self.sfb)} SFB layer(s), "
+                f"{len(node.ps_blobs)} PS blob(s)"
             )
             if node.ps_blobs:
                 self.log(node.bucket_plan())
+
+    def _plan_wfbp(self, node):
+        """Which units sync inside the backward (``cost.starts_in_backward``: all but those holding
+        the lowest layer), and where the next forward waits for each: ``early`` (layers whose
+        after-backward hook starts their unit's sync), ``node.hooked_blobs`` (the PS blobs those
+        hooks push), ``wait_at`` (layer -> the PS blobs and SFB layers its before-forward hook
+        waits for: every early unit at the first layer that reads it), ``late`` (the layers
+        synchronized after the backward, as without WFBP)."""
+        units = [([l], None, l) for l in self.sfb]  # (layers, PS blobs, SFB layer)
+        for blobs in node.buckets.values():
+            units.append((sorted({self.blob_layer[i] for i in blobs}), blobs, None))
+        first_reader = {}
+        for l in sorted(self.reads):
+            for i in self.reads[l]:
+                first_reader.setdefault(i, l)
+        self.early, self.wait_at, hooked = set(), {}, set()
+        inside = cost.starts_in_backward([layers for layers, _, _ in units]) if self.wfbp else [False] * len(units)
+        for (layers, blobs, sfb_layer), early in zip(units, inside):
+            if not early:
+                continue
+            self.early.update(layers)
+            mine = blobs if blobs is not None else self.sfb[sfb_layer].blobs
+            at = min(first_reader.get(i, self.blob_layer[i]) for i in mine)
+            ps_waits, sfb_waits = self.wait_at.setdefault(at, ([], []))
+            if blobs is not None:
+                hooked.update(blobs)
+                ps_waits.extend(blobs)
+            else:
+                sfb_waits.append(sfb_layer)
+        self.early_units = sum(inside)
+        self.late = sorted((l for l in self.layer_blobs if l not in self.early), reverse=True)
+        node.hooked_blobs = hooked
+        needed = node.staleness + 2 if self.early else 1
+        if node.n_slots < needed:
+            raise MinicaffeError(
+                f"WFBP syncs {self.early_units} unit(s) inside the backward: the Node needs "
+                f"gradient_slots={needed} (cost.wfbp_gradient_slots), it has {node.n_slots}"
+            )
 
     # -- Solver callbacks ----------------------------------------------------------------------
     def on_start(self, solver):
@@ -248,17 +292,21 @@ class Poseidon:
 
     def on_gradients_ready(self, solver):
         self._t_ready = self._now()
-        if not self.wfbp:  # the whole backward is done: the syncs start now, top layer first
-            for l in sorted(self.layer_blobs, reverse=True):
-                if l in self.sfb:
-                    self._send_factors(l, self.node.clock)
-                else:  # (the Node's sync() pushes these right after)
-                    self._sync_started(l, self.node.clock, self._t_ready)
+        for l in self.late:  # the whole backward is done: their syncs start now, top layer first
+            if l in self.sfb:
+                self._send_factors(l, self.node.clock)
+            else:  # (the Node's sync() pushes these right after)
+                self._sync_started(l, self.node.clock, self._t_ready)
 
     def on_iteration(self, solver, loss, lr):
-        if not self.wfbp and self.recording(solver.iter - 1):  # the node waited in sync() for every layer
+        if self.late and self.recording(solver.iter - 1):  # the node waited in sync() for these
+            what = (
+                "(all layers)"
+                if not self.early
+                else "(" + ", ".join(self.replicas[0].layer_names[l] for l in self.late) + ")"
+            )
             with self.lock:
-                self.timeline.append(("wait", "(all layers)", self._t_ready, self._now(), solver.iter - 1))
+                self.timeline.append(("wait", what, self._t_ready, self._now(), solver.iter - 1))
         p = solver.param
         due = (p.snapshot and solver.iter % p.snapshot == 0) or solver.iter >= p.max_iter or solver.requested_stop
         if self.rank == 0 and due and self.sfb:
@@ -281,13 +329,14 @@ class Poseidon:
                 self.timeline.append((lane, self.replicas[0].layer_names[l], start, end, clock))
 
     def _before_forward(self, k, l):
-        if self.wfbp and l in self.reads:
+        waits = self.wait_at.get(l)
+        if waits is not None:  # the first layer that reads an early unit: its fresh parameters
             t0 = self._now()
             version = self.node.clock - self.node.staleness
-            for i in self.ps_reads[l]:
+            for i in waits[0]:
                 self.node.wait_params(i, version)
-            if l in self.sfb:
-                self._wait_layer(l, version)
+            for s in waits[1]:
+                self._wait_layer(s, version)
             if k == 0 and self._now() - t0 > 1e-4:
                 self._record("wait", l, t0, self._now())
         if k == 0:
@@ -319,6 +368,8 @@ class Poseidon:
             u[...] = rep.top_vecs[l][0].diff.reshape(b - a, s.m)
             u *= node.worker_weights[k]  # this worker's share of the global mean gradient
             v[...] = rep.bottom_vecs[l][0].data.reshape(b - a, s.n)
+        if l not in self.early:  # synchronized after the backward (on_gradients_ready, sync())
+            return
         if node.n_workers > 1:
             with self.lock:
                 key = (clock, l)
@@ -327,8 +378,6 @@ class Poseidon:
                 if n < node.n_workers:
                     return
                 del self.worker_done[key]
-        if not self.wfbp:
-            return
         if l in self.sfb:
             self._send_factors(l, clock)
         else:
@@ -519,9 +568,16 @@ class Poseidon:
         self.sfb_wait += time.perf_counter() - t0
 
     def wait_all(self, version):
-        """Every SFB layer at ``version`` at least (the Node's ``sync()`` calls this where it waits)."""
+        """Every SFB layer at ``version`` at least."""
         for l in self.sfb:
             self._wait_layer(l, version)
+
+    def _wait_in_sync(self, version, every):
+        """The Node's ``sync()`` calls this where it waits: the SFB layers synchronized after the
+        backward, or ``every`` one (the run needs every parameter: a test, a snapshot, the end)."""
+        for l in self.sfb:
+            if every or l not in self.early:
+                self._wait_layer(l, version)
 
     # -- reports -------------------------------------------------------------------------------
     def units(self):
@@ -600,6 +656,7 @@ class Poseidon:
         return {
             "comm": self.comm,
             "wfbp": self.wfbp,
+            "syncs_in_backward": self.early_units,  # units WFBP starts inside the backward
             "bucket_bytes": self.node.bucket_bytes,
             "sfb_wait_s": self.sfb_wait,
             "layers": {

@@ -49,15 +49,16 @@ layer can be synchronized on its own:
     names their keys with ``key_name(kind, key)``).
 
     What Poseidon's runtime (``minicaffe.dist.poseidon``) sets: ``Node(..., gradient_slots=s + 2)``
-    for wait-free backprop, and before ``start()``:
+    for wait-free backprop where some bucket syncs inside the backward, and before ``start()``:
     ``node.ps_blobs`` (the blobs the shards serve; SFB layers synchronize themselves; then
     ``node.plan_shards()`` plans the buckets over them, ``node.bucket_plan()`` prints them),
-    ``node.hooked_push`` (the after-backward hooks pushed every blob, so ``sync()`` does not),
-    ``node.deferred_wait`` (the before-forward hooks wait per layer, so ``sync()`` waits only
-    where the run needs every parameter: tests, snapshots, the end), ``node.extra_waits``
-    (callables of a version that ``sync()`` calls where it waits for parameters) and
-    ``node.combined_by_hooks`` (with several workers, the hooks sum each layer's worker
-    gradients into the node's gradient as soon as every worker has it).
+    ``node.hooked_blobs`` (the blobs the after-backward hooks push and the before-forward hooks
+    wait for: ``sync()`` pushes the others, and waits only for them except where the run needs
+    every parameter: tests, snapshots, the end), ``node.extra_waits`` (callables of a version
+    and ``every``, the run needs every parameter, that ``sync()`` calls where it waits) and
+    ``node.combined_by_hooks`` (with several workers, the hooks sum each hooked layer's worker
+    gradients into the node's gradient as soon as every worker has it; the Node sums the rest
+    after the backward).
 
 The default schedule (``sync()``, what the Solver's updater calls) pushes every blob, last
 layer first, then waits for all of them.
@@ -304,7 +305,8 @@ class Node:
         self.extra_handlers = {}
         # the extension point's switches (see the module docstring)
         self.ps_blobs = list(range(self.n_blobs))
-        self.hooked_push = self.deferred_wait = self.combined_by_hooks = False
+        self.hooked_blobs = set()
+        self.combined_by_hooks = False
         self.history_asked = False
         self.extra_waits = []
         self.plan_shards()  # (again in start(), once the extension point has set ps_blobs)
@@ -344,6 +346,18 @@ class Node:
     def start(self):
         """Connect the handler, agree on the initial state (rank 0's), start the server thread."""
         self.plan_shards()
+        # what sync() pushes and waits for itself: every PS blob the hooks do not
+        self.synced_here = [i for i in self.ps_blobs if i not in self.hooked_blobs]
+        # with several workers: the ranges of G summed after the backward (the hooks sum theirs)
+        hooked = self.hooked_blobs if self.combined_by_hooks else set()
+        self.sum_ranges = []
+        for i in range(self.n_blobs):
+            if i in hooked:
+                continue
+            lo, hi = self.layout.offsets[i], self.layout.offsets[i] + self.layout.counts[i]
+            if self.sum_ranges and self.sum_ranges[-1][1] == lo:
+                lo = self.sum_ranges.pop()[0]
+            self.sum_ranges.append((lo, hi))
         self.transport.start(self)
         solver = self.solver
         if self.rank == 0:
@@ -842,7 +856,7 @@ class Node:
             if past and self._hooks is not None:
                 self._hooks.remove()  # the timeline covers the first clocks only
                 self._hooks = None
-            if self.hooked_push:
+            if self.hooked_blobs:
                 self.history_asked = self._ask_history(self.clock + 1)
             G = self.G[self.clock % self.n_slots]
             if self.n_workers == 1 and self.n_slots > 1:
@@ -872,9 +886,10 @@ class Node:
                 t.start()
             for t in threads:
                 t.join()
-            if not self.combined_by_hooks:
-                G = self.G[self.clock % self.n_slots]
-                G += (np.array(self.worker_weights, self.dtype) / self.scale) @ self.Gk
+            G = self.G[self.clock % self.n_slots]
+            w = np.array(self.worker_weights, self.dtype) / self.scale
+            for lo, hi in self.sum_ranges:
+                G[lo:hi] += w @ self.Gk[:, lo:hi]
         self.compute_time += time.perf_counter() - t0
         with self.cv:
             self.busy["compute"][0] += time.perf_counter() - t0
@@ -914,7 +929,7 @@ class Node:
     def _ask_history(self, nxt):
         """Node 0, before a snapshot at version ``nxt``: ask every shard for its history slices
         (they answer once their update of clock nxt - 1 is done, or at once if it is).  -> asked?
-        With wait-free backprop (``hooked_push``) this runs when the clock starts: the pushes
+        With wait-free backprop (``hooked_blobs``) this runs when the clock starts: the pushes
         leave during the backward, so a shard could finish the clock, and its node the run,
         before a request sent from ``sync()`` reached it."""
         p, solver = self.solver.param, self.solver
@@ -966,15 +981,13 @@ class Node:
                 self.transport.send(dst, F.STOP, 0, nxt)
         want_hist = self.history_asked or self._ask_history(nxt)
         self.history_asked = False
-        if not self.hooked_push:
-            for i in reversed(self.ps_blobs):
-                self.push(i, c)
+        for i in reversed(self.synced_here):
+            self.push(i, c)
         version = nxt if exact else nxt - self.staleness
-        if exact or not self.deferred_wait:
-            for i in self.ps_blobs:
-                self.wait_params(i, version)
-            for wait in self.extra_waits:
-                wait(version)
+        for i in self.ps_blobs if exact else self.synced_here:
+            self.wait_params(i, version)
+        for wait in self.extra_waits:
+            wait(version, exact)
         if want_hist:
             with self.cv:
                 while self.error is None and (self.hist_pending > 0 or nxt in self.hist_requests):
