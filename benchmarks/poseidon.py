@@ -336,7 +336,7 @@ def calibrate_net(net_name, nodes, batch=None, iters=10):
 # simulator predicts): a node's threads pay per iteration what they pay in a run that long (the
 # FC head's compute thread took 46.5-47.3 ms per iteration on 2 nodes in runs of 80 iterations,
 # 48-56 in the grid's of 7)
-NET_RUN_ITERS = {"cifar10_quick": 40, "alexnet_fc_head": 7}
+NET_RUN_ITERS = {"lenet": 150, "cifar10_quick": 40, "alexnet_fc_head": 7}
 
 
 # what each contention run keeps, per node per iteration: the compute thread's CPU, the SFB
@@ -349,10 +349,10 @@ def calibrate_contention(doc, nets, nodes_list, repeat=3):
     nodes on loopback with no link limit, the default plan (hybrid) without WFBP, ``repeat``
     runs; the compute thread's CPU per iteration is kept (``doc["net_runs"]``, a call's runs
     together, the last ``KEEP_CALLS`` calls), and ``net_contention`` divides it by the net's
-    compute alone for the plan those runs had. LeNet's are the training-run costs' own runs."""
+    compute alone for the plan those runs had; ``net_sfb_contention`` and ``net_drift`` read the
+    SFB thread's CPU and the periods. (LeNet's PS runs of ``calibrate_runs`` stand in for a net
+    without runs of its own.)"""
     for net in nets:
-        if net == "lenet":
-            continue
         for nodes in nodes_list:
             if nodes < 2:
                 continue
@@ -475,9 +475,9 @@ def net_sfb_contention(calib, net):
 def net_drift(calib, net):
     """{nodes: seconds per iteration out of step at BSP's barrier} for ``net``: from the net's own
     training runs (``calibrate_contention``; the median iteration less the nodes' CPU over the
-    cores, as ``run_drift``), where they kept both; else LeNet's (``run_costs_of``). The time
-    the nodes lose out of step grows with the iteration (the scheduler's turns on shared cores
-    are longer than LeNet's 12 ms when a node's threads each run 50-100 ms at a time)."""
+    cores, as ``run_drift``), where they kept both; else LeNet's PS runs' (``run_costs_of``).
+    It is not one figure for every net: the scheduler's turns on shared cores are longer when a
+    node's threads each run 50-100 ms at a time (the FC head) than in LeNet's 12 ms iterations."""
     out = {int(p): x for p, x in run_costs_of(calib).get("drift_s", {}).items()}
     cores = calib.get("cores") or os.cpu_count()
     for key, calls in calib.get("net_runs", {}).items():
@@ -1286,8 +1286,8 @@ def main(argv=None):
     p.add_argument(
         "--calibrate-contention",
         action="store_true",
-        help="each of --nets (but LeNet, whose runs are --calibrate-runs') in training runs on --nodes, no link "
-        "limit: its own contention",
+        help="each of --nets in training runs on --nodes (hybrid, no WFBP, no link limit, as many iterations as "
+        "the grid's runs): its own contention, its SFB thread's, its time out of step",
     )
     p.add_argument(
         "--calibrate-bytes",

@@ -290,6 +290,12 @@ def test_an_sfb_rebuild_slows_by_the_sfb_threads_own_factor():
     assert r["apart"].cpu["sync"] == pytest.approx(1.1 * 1e-3 + 1.3 * 10e-3)  # the shard's update as the compute
     assert r["apart"].cpu["compute"] == pytest.approx(r["same"].cpu["compute"])
     assert r["apart"].period - r["same"].period == pytest.approx(0.2 * 10e-3)
+    # measured apart, the factor is the SFB thread's whole CPU's: its units' and its own too
+    costs = dict(cores=4, unit_cpu=1e-4, thread_cpu=2e-4)
+    r = sim.simulate(layers, 2, FREE, "hybrid", wfbp=False, host=sim.Host(**costs, sfb_contention={2: 1.3}))
+    assert r.cpu["sync"] == pytest.approx(1e-3 + 3e-4 + 1.3 * (10e-3 + 3e-4))
+    r = sim.simulate(layers, 2, FREE, "hybrid", wfbp=False, host=sim.Host(**costs))
+    assert r.cpu["sync"] == pytest.approx(11e-3 + 2 * 3e-4)
 
 
 def test_serving_threads_and_the_process_cost_cpu():

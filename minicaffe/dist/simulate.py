@@ -147,9 +147,10 @@ class Host:
     # Measured where nothing else waits (training runs with no link limit): the period minus the
     # nodes' CPU over the cores
     drift: object = 0.0
-    # ``contention`` for the SFB thread's kernels (the tiled rebuild + update: memory-bound, and every
-    # node runs it at the same moment), where measured apart in training runs (its CPU there over
-    # its kernels alone); None: as ``contention``
+    # ``contention`` for the SFB thread (the tiled rebuild + update: memory-bound, and every node
+    # runs it at the same moment), where measured apart in training runs: its CPU there per second
+    # of what the model charges it alone (its kernels, ``unit_cpu`` per layer, ``thread_cpu``),
+    # applied to all of that; None: its kernels slow as ``contention`` says
     sfb_contention: object = None
 
     @staticmethod
@@ -169,7 +170,7 @@ class Host:
         return self.contention if nodes > self.cores else 1.0
 
     def sfb_inflation(self, nodes):
-        """The SFB thread's kernels' CPU seconds per second measured alone, for ``nodes`` nodes."""
+        """The SFB thread's CPU seconds per second of what it costs alone, for ``nodes`` nodes."""
         if self.sfb_contention is None or nodes <= 1:
             return self.inflation(nodes)
         return self._at(self.sfb_contention, nodes, self.inflation(nodes))
@@ -351,8 +352,8 @@ def simulate(
     of its process (``host.iteration_cpu``), and per sync unit the transport's CPU for its bytes
     and frames (``host.tcp_cpu``, ``host.frame_cpu``, both ends), the serving thread's
     (``host.unit_cpu``, and ``host.thread_cpu`` once an iteration per serving thread), the update
-    or rebuild (kernels like the compute's: x ``host.inflation(P)`` too; an SFB layer's rebuild x
-    ``host.sfb_inflation(P)``), and with WFBP ``host.wfbp_sync_cpu`` (thread switches on shared
+    or rebuild (kernels like the compute's: x ``host.inflation(P)`` too; where the SFB thread's
+    factor is measured, all its CPU x ``host.sfb_inflation(P)``), and with WFBP ``host.wfbp_sync_cpu`` (thread switches on shared
     cores). An SFB layer's own weight gradient is not computed on the nodes (the rebuilt one
     replaces it), with or without a host.
 
@@ -389,15 +390,19 @@ def simulate(
     for unit in units:
         m = methods[unit[0]]
         b = sum(each[i][2] for i in unit)
-        slow = sfb_inflate if m == "sfb" else inflate  # kernels, as the compute's (the SFB thread's apart)
-        cpu_s = sum(each[i][1] for i in unit) * compute_scale * slow
+        cpu_s = sum(each[i][1] for i in unit) * compute_scale  # kernels
         rounds = 0 if nodes == 1 else (2 if m == "ps" else 1)
-        tcp = 0.0
+        tcp, serve = 0.0, 0.0
         if host is not None and nodes > 1:
-            cpu_s += host.unit_cpu  # the serving thread's wake-up, handler and locks
+            serve = host.unit_cpu  # the serving thread's wake-up, handler and locks
             if m not in served:  # the first unit this iteration of the shard's or the SFB thread
                 served.add(m)
-                cpu_s += host.thread_cpu
+                serve += host.thread_cpu
+        if m == "sfb" and host is not None and host.sfb_contention is not None:
+            cpu_s = (cpu_s + serve) * sfb_inflate  # the SFB thread's whole CPU, as its runs measured it
+        else:
+            cpu_s = cpu_s * inflate + serve  # the kernels slow as the compute's
+        if host is not None and nodes > 1:
             per_blob = m == "ps" and bucket_bytes == 0
             frames = 4 * (nodes - 1) * (layers[unit[0]].blobs if per_blob else 1)  # sent + received
             tcp = host.transport_cpu(b, frames)  # this node's share of moving them
