@@ -7,6 +7,7 @@ and what each thread costs per step: its CPU time and its wait for a core, from 
     python benchmarks/gil_profile.py --update server    # --workers 2 with the server's own update
     python benchmarks/gil_profile.py --no-gil           # the per-thread CPU table only (no py-spy)
     python benchmarks/gil_profile.py --step1            # trainer.step(1) per step (a run per step)
+    python benchmarks/gil_profile.py --raw stacks.txt   # keep py-spy's samples, every stack whole
 
 Per thread (Linux ``/proc/self/task/<id>/schedstat``, read every 50 ms by a monitor thread while
 the timed steps run, in the run without py-spy): ms of CPU per step, ms per step spent runnable
@@ -174,6 +175,7 @@ def main():
     )
     p.add_argument("--no-gil", action="store_true", help="only the per-thread CPU table (no py-spy)")
     p.add_argument("--step1", action="store_true", help="time step(1) calls (one run each), not one long run")
+    p.add_argument("--raw", help="also copy py-spy's raw samples (one stack per line, with counts) here")
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -213,6 +215,8 @@ def main():
         spy.wait()
         marker = "runtime.py" if args.mode == "workers" else "solver.py"
         total, by_thread, by_line, by_doing = summarize(raw, args.steps, marker)
+        if args.raw:
+            shutil.copyfile(raw, args.raw)
     per = lambda n: 1000.0 * n / args.rate / args.steps  # noqa: E731
     print(f"GIL held {per(total):.2f} ms per step (py-spy --gil, {args.rate} Hz, in a run of its own)")
     for thread, n in by_thread.most_common():
