@@ -220,7 +220,12 @@ def test_buckets_cut_frames_and_wfbp_costs_cpu_per_sync():
     assert one.period == pytest.approx(4 * (cpu + frames * 0.5e-4) / 2)
     host.wfbp_sync_cpu = 1e-3
     on = sim.simulate(layers, 4, link, "ps", wfbp=True, host=host, bucket_bytes=0)
-    assert on.period == pytest.approx(per_layer.period + 4 * 3 * 1e-3 / 2)  # 3 units, each 1 ms more
+    # 3 units: the two that start inside the backward 1 ms more each; the lowest layer's starts
+    # after the backward, synchronized as without WFBP, and costs nothing more (cost.starts_in_backward)
+    assert on.period == pytest.approx(per_layer.period + 4 * 2 * 1e-3 / 2)
+    assert on.cpu["wfbp"] == pytest.approx(2e-3)
+    one_on = sim.simulate(layers, 4, link, "ps", wfbp=True, host=host, bucket_bytes=1 << 20)
+    assert one_on.period == pytest.approx(one.period) and one_on.cpu["wfbp"] == 0.0  # one unit: nothing
     assert sim.simulate(layers, 4, link, "ps", wfbp=False, host=host, bucket_bytes=0).period == per_layer.period
 
 

@@ -387,7 +387,10 @@ def simulate(
     served = set()  # the methods whose serving thread has a unit already
     nbytes = 0.0
     parts = []  # per unit: (bytes each way, latency part, transport CPU, sync CPU)
-    for unit in units:
+    # WFBP starts a unit's sync inside the backward unless it holds the lowest layer that syncs:
+    # that one can only start once the backward is done, and the runtime syncs it as without WFBP
+    early = cost.starts_in_backward(units) if wfbp else [False] * len(units)
+    for u, unit in enumerate(units):
         m = methods[unit[0]]
         b = sum(each[i][2] for i in unit)
         cpu_s = sum(each[i][1] for i in unit) * compute_scale  # kernels
@@ -407,7 +410,7 @@ def simulate(
             frames = 4 * (nodes - 1) * (layers[unit[0]].blobs if per_blob else 1)  # sent + received
             tcp = host.transport_cpu(b, frames)  # this node's share of moving them
             cpu_kinds["transport"] += tcp
-            if wfbp:
+            if early[u]:
                 tcp += host.wfbp_sync_cpu
                 cpu_kinds["wfbp"] += host.wfbp_sync_cpu
         parts.append((b / 2, rounds * link.latency, tcp, cpu_s))
@@ -479,6 +482,8 @@ def simulate(
             comm_free = s + wire_time(u, s) + sync[u]
             for i in units[u]:
                 fresh[i] = comm_free
+            if not early[u]:  # synced after the backward: the next iteration waits for it at once
+                fresh[0] = max(fresh[0], comm_free)
             events.append(("comm", unit_names[u], s, comm_free, it))
         if not wfbp:
             fresh = [comm_free] * n  # the next iteration starts when every layer is synchronized
@@ -502,6 +507,7 @@ def shared_schedule(fwd, bwd, units, parts, wire_time, wfbp, cores_per_node, ite
     per iteration, events)."""
     n = len(fwd)
     lowest = {min(unit): u for u, unit in enumerate(units)}
+    early = cost.starts_in_backward(units)
     order = [("f", i) for i in range(n)] + [("b", i) for i in range(n - 1, -1, -1)]
     synced = [-1] * len(units)  # the last iteration each unit has synchronized
     t, eps = 0.0, 1e-15
@@ -514,8 +520,8 @@ def shared_schedule(fwd, bwd, units, parts, wire_time, wfbp, cores_per_node, ite
         """Forward of layer i in iteration it_ waits for the sync of the previous iteration."""
         if it_ == 0:
             return False
-        if wfbp:
-            return any(i in unit and synced[u] < it_ - 1 for u, unit in enumerate(units))
+        if wfbp:  # each unit at the first layer that reads it; one synced after the backward at once
+            return any((i in unit or (i == 0 and not early[u])) and synced[u] < it_ - 1 for u, unit in enumerate(units))
         return i == 0 and any(s < it_ - 1 for s in synced)
 
     barrier = None  # when the iteration's first forward may start (its drift from then on)
