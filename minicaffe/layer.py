@@ -52,7 +52,7 @@ layers around it on each lane's slice of the batch, one task per lane for the wh
 
 A layer may instead leave its parameter gradients until the lanes meet: with
 ``params_after_lanes`` True, ``backward_images`` computes the bottom diffs only, and once every
-lane has finished the segment's ``backward_images`` calls (the lanes wait for each other there),
+lane has finished the layer's ``backward_images`` call (the lanes wait for each other there),
 each lane calls ``backward_params(lane, parts, top, bottom)``: its share of the gradients' rows
 over the whole batch.  No partial sums, no reduction, no block per lane, and the rows are the
 ones a layer call split across the lanes computes (InnerProduct: its weight gradient as a product

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import minicaffe as caffe
+from minicaffe.layer import register
+from minicaffe.layers.inner_product import InnerProduct
 from minicaffe.memory import lifetimes, plan_net
 from minicaffe.parallel import lanes, plan
 
@@ -287,3 +289,64 @@ def test_a_lenet_step_in_two_lanes_allocates_no_temporaries(tmp_path, restore):
     # lane's half of conv1, pool1 or conv2 (1.5 MB, 369 KB, 410 KB), of a column buffer or of
     # ip1's 1.6 MB weight gradient; not one as small as a lane's half of pool2 (102 KB)
     assert peak < 2 * 72 * 1024, f"a LeNet step in two lanes allocated {peak} bytes above its start"
+
+
+# -- a lane that fails inside a segment: the error comes back, nobody waits forever -------------------
+_FAIL = {"where": None, "lane": None}
+
+
+@register
+class _FailingInnerProduct(InnerProduct):
+    """InnerProduct that raises in lane ``_FAIL["lane"]``, in its per-image backward (before the
+    lanes meet at the barrier) or in its rows of the weight gradient (after it)."""
+
+    type = "PlanTestFailingInnerProduct"
+
+    def backward_images(self, lane, a, b, top, propagate_down, bottom):
+        if _FAIL["where"] == "images" and lane == _FAIL["lane"]:
+            raise RuntimeError(f"boom in lane {lane}")
+        super().backward_images(lane, a, b, top, propagate_down, bottom)
+
+    def backward_params(self, lane, parts, top, bottom):
+        if _FAIL["where"] == "params" and lane == _FAIL["lane"]:
+            raise RuntimeError(f"boom in lane {lane}")
+        super().backward_params(lane, parts, top, bottom)
+
+
+@pytest.mark.parametrize("where", ["images", "params"])
+@pytest.mark.parametrize("lane", [0, 1])
+def test_a_lane_failing_in_a_segment_raises_its_error_and_the_lanes_go_on(tmp_path, restore, where, lane):
+    """ip1's rows of dW come right after its per-image backward, once every lane is there (a
+    barrier): a lane that fails before the barrier releases the others, one that fails after it
+    is reported as any other; the backward raises that error, no lane hangs, and the next step
+    runs normally."""
+    import threading
+
+    path = tmp_path / "net.prototxt"
+    path.write_text(NET.replace('name: "ip1" type: "InnerProduct"', 'name: "ip1" type: "PlanTestFailingInnerProduct"'))
+    caffe.set_random_seed(5)
+    net = caffe.Net(str(path), caffe.TRAIN)
+    _fill(net)
+    lanes.set_count(2)
+    assert net.uses_step_plan()
+    names = list(net.layer_names)
+    assert net.step_plan().segment_of(names.index("ip1")) is not None
+    result = {}
+
+    def step():
+        try:
+            net.forward_backward()
+        except RuntimeError as e:
+            result["error"] = str(e)
+
+    _FAIL.update(where=where, lane=lane)
+    try:
+        t = threading.Thread(target=step, daemon=True)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "a lane is still waiting at the barrier"
+    finally:
+        _FAIL.update(where=None, lane=None)
+    assert result.get("error") == f"boom in lane {lane}"
+    net.clear_param_diffs()
+    assert np.isfinite(net.forward_backward())
