@@ -61,11 +61,39 @@ def test_header_layout_known_answer():
         (dict(n=16), "does not match"),  # too short
         (dict(n=2**63), "does not match"),
         (dict(dims=(1 << 30, 0, 0, 0), n=4 << 30), "over this receiver's limit"),
+        # a length one element short of (2**30 + 1)**2 floats, which float64 arithmetic rounds to
+        # this very length: the check is exact (Python ints), so it is a lie, not a limit
+        (dict(ndim=2, dims=((1 << 30) + 1, (1 << 30) + 1, 0, 0), n=((1 << 60) + (1 << 31)) * 4), "does not match"),
     ],
 )
 def test_malformed_headers_are_refused_before_any_payload(fields, reason):
     with pytest.raises(F.FrameError, match=reason):
         F.parse_header(header(**fields), limit=1 << 20, peer="x")
+
+
+def test_skip_sent_keeps_what_a_gather_write_left():
+    head, body = memoryview(b"h" * 48), memoryview(np.arange(10, dtype=np.float32)).cast("B")
+    assert F.skip_sent([head, body], 88) == []
+    rest = F.skip_sent([head, body], 50)
+    assert [bytes(v) for v in rest] == [bytes(body[2:])]
+    assert [bytes(v) for v in F.skip_sent([head, body], 10)] == [bytes(head[10:]), bytes(body)]
+    # a typed view counts bytes, not elements: 10 floats are 40 bytes, not all of them
+    assert len(F.skip_sent([np.arange(10, dtype=np.float32)], 10)) == 1
+
+
+def test_frame_ping_pong_counts_every_frame():
+    """benchmarks/dist_frames.py: every round trip is one GRAD and one PARAM frame of the size
+    asked for (payload + the 48-byte header), and the CPU per frame is measured."""
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("dist_frames", os.path.join(root, "benchmarks", "dist_frames.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cpu, wall, sent = bench.ping_pong(1024, 50, warmup=10)
+    assert sent == [60 * (1024 + F.HEADER_SIZE)] * 2
+    assert cpu.shape == (2,) and cpu.sum() > 0 and wall > 0
 
 
 def test_expectation_checks_dtype_and_shape():

