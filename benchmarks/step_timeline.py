@@ -33,6 +33,12 @@ def main(argv=None):
     p.add_argument("--lanes", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument(
+        "--arena",
+        action="store_true",
+        help="place the net's buffers in one memory arena first, as python -m minicaffe.train does "
+        "(minicaffe.memory.plan_training)",
+    )
     args = p.parse_args(argv)
 
     from lenet_vs_pytorch import minicaffe_solver
@@ -43,6 +49,10 @@ def main(argv=None):
     lanes.set_count(args.lanes)
     plan.set_enabled(True)
     blas.set_threads(1)
+    if args.arena:
+        from minicaffe.memory import plan_training
+
+        plan_training(solver, run_first=False)
     net = solver.net
     names = net.layer_names
     sp = net.step_plan() if net.uses_step_plan() else None
@@ -102,6 +112,7 @@ def main(argv=None):
     ms = 1000.0
     print(
         f"{args.net}: {args.lanes} lane(s), step plan {'on' if sp and sp.segments else 'off'}, "
+        f"{'one memory arena, ' if args.arena else ''}"
         f"median step {ms * med(steps):.3f} ms over {len(steps)} steps (min {ms * min(steps):.3f})"
     )
     print(f"{'thread':<7} {'event':<48} {'start':>7} {'end':>7} {'ms':>7}")

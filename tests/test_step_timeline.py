@@ -22,12 +22,15 @@ def restore():
         blas.set_threads(saved[2])
 
 
-def test_timeline_places_each_lane_s_layers_and_the_calling_thread_s(restore, capsys):
+@pytest.mark.parametrize("arena", [False, True])
+def test_timeline_places_each_lane_s_layers_and_the_calling_thread_s(restore, capsys, arena):
     import step_timeline
 
-    assert step_timeline.main(["--net", "cifar10_quick", "--lanes", "2", "--steps", "2", "--warmup", "1"]) == 0
+    extra = ["--arena"] if arena else []
+    assert step_timeline.main(["--net", "cifar10_quick", "--lanes", "2", "--steps", "2", "--warmup", "1", *extra]) == 0
     out = capsys.readouterr().out
     assert "2 lane(s), step plan on" in out
+    assert ("one memory arena" in out) == arena
     rows = {}
     for line in out.splitlines()[2:]:
         thread = " ".join(line.split()[:2]) if line.startswith("lane") else line.split()[0]
