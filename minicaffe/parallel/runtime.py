@@ -453,7 +453,8 @@ class ParallelTrainer:
         self.sharded = not self.why_not_sharded
         if self.sharded:
             lrs = tuple(solver.net.params_lr)
-            decays = tuple(solver.param.weight_decay * d for d in solver.net.params_weight_decay)
+            wd = solver.param.weight_decay  # (read once: a message field costs ~3 us a read)
+            decays = tuple(wd * d for d in solver.net.params_weight_decay)
             plan = self._shard_plans.get((lrs, decays))
             if plan is None:
                 plan = self._shard_plans[lrs, decays] = ShardPlan(
