@@ -59,20 +59,20 @@ class HostCosts:
     The defaults are this project's measurements on a 2-core x86 machine, rounded, as
     ``python benchmarks/poseidon.py --calibrate`` and ``--calibrate-runs`` wrote them into
     benchmarks/poseidon_calibration.json (``from_calibration`` reads them back; a test keeps
-    the two within 5%): a byte moved through veth + bridge + tc costs 1.08 ns of CPU both ends
-    together (linkcheck), a frame 87 us both ends in a LeNet training run (the median of the
+    the two within 5%): a byte moved through veth + bridge + tc costs 0.91 ns of CPU both ends
+    together (linkcheck), a frame 79 us both ends in a LeNet training run (the median of the
     calls kept: the sender's and receiver's thread wake-ups on busy cores), the rebuild of
     LeNet's ip1 on 4 nodes (51 MFLOP) plus its update 0.59 ms (about 100 GFLOP/s and 50 GB/s of
     update traffic, 20 bytes per parameter), and a sync started inside the backward (WFBP)
-    109 us of thread switches (85-251 us over three calls). Constants, not the file itself:
+    154 us of thread switches (0-369 us over three calls). Constants, not the file itself:
     every node must make the same plan (the runs require it), and an installed package has no
     benchmarks/ to read."""
 
-    cpu_per_byte: float = 1.08e-9
-    cpu_per_frame: float = 87e-6
+    cpu_per_byte: float = 0.91e-9
+    cpu_per_frame: float = 79e-6
     gemm_flops: float = 100e9
     update_bytes_per_s: float = 50e9
-    wfbp_sync_cpu: float = 109e-6
+    wfbp_sync_cpu: float = 154e-6
 
     @classmethod
     def from_calibration(cls, doc):
