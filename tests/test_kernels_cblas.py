@@ -116,9 +116,14 @@ def test_operands_that_do_not_fit_raise_a_clear_error(gemm):
 
 
 def test_the_compiled_call_releases_the_gil():
-    """A Python thread keeps counting while the calling thread is inside a long GEMM: the
-    compiled call holds the GIL only while numba unboxes its arguments."""
+    """A Python thread keeps counting while the calling thread is inside a GEMM: the compiled
+    call holds the GIL only while numba unboxes its arguments.  The switch interval is raised
+    to 50 ms, so the counting thread can take the GIL only when the caller gives it up (a
+    GEMM holding it, ~5-20 ms, is never interrupted): holding it, the counter advanced 0 times
+    per call here; released, tens of thousands."""
     _need_nogil()
+    import sys
+
     from minicaffe.parallel import blas
 
     rng = np.random.default_rng(0)
@@ -130,19 +135,22 @@ def test_the_compiled_call_releases_the_gil():
         while not stop.is_set():
             count[0] += 1
 
-    before = blas.get_threads()
+    before, interval = blas.get_threads(), sys.getswitchinterval()
     blas.set_threads(1)  # one BLAS thread: the counter has the other core
+    cblas.gemm(1.0, A, A, 0.0, c)  # compiled (or loaded from the cache) before anything is counted
+    sys.setswitchinterval(0.05)
     thread = threading.Thread(target=counter)
     thread.start()
     try:
         time.sleep(0.01)
-        seen, t0 = [], time.perf_counter()
-        while time.perf_counter() - t0 < 0.3:  # several calls of ~10-50 ms each
+        seen = []
+        for _ in range(5):  # each call then waits up to 50 ms for the counter to hand the GIL back
             n0 = count[0]
             cblas.gemm(1.0, A, A, 0.0, c)
             seen.append(count[0] - n0)
     finally:
         stop.set()
         thread.join()
+        sys.setswitchinterval(interval)
         blas.set_threads(before)
-    assert max(seen) > 1000, f"the counting thread advanced only {seen} times during the GEMM calls"
+    assert np.median(seen) > 1000, f"the counting thread advanced only {seen} times during the GEMM calls"
