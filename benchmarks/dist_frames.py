@@ -83,12 +83,14 @@ def ping_pong(size, trips, warmup=200):
     c0, t0 = cpu(), time.perf_counter()
     run(trips)
     c1, t1 = cpu(), time.perf_counter()
-    sent = [sum(n for (kind, _), n in t.stats.sent.items() if kind in ("GRAD", "PARAM")) for t in ts]
     closing = [threading.Thread(target=t.close) for t in ts]  # (each waits for the other's goodbye)
     for t in closing:
         t.start()
     for t in closing:
         t.join()
+    # (counted once closed: a frame's rest that the socket's buffer could not take at once is
+    # finished, and counted, by the sender thread)
+    sent = [sum(n for (kind, _), n in t.stats.sent.items() if kind in ("GRAD", "PARAM")) for t in ts]
     frames = 2 * trips
     return (c1 - c0) / frames, (t1 - t0) / frames, sent
 

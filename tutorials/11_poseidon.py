@@ -181,6 +181,9 @@ show(fig, "11_wfbp_timeline")
 # With WFBP off, the network lane starts only when the compute lane's backward is done, and the
 # next forward waits for all of it. With WFBP on, ip2's and ip1's syncs start during the
 # convolutions' backward: the network time that fits under the remaining backward disappears.
+# The last sync to start (conv1 and conv2, one gradient bucket) can only start when the whole
+# backward is done, WFBP or not, so the runtime synchronizes it exactly as without WFBP: a net
+# that is one bucket (CIFAR-10 quick under plain PS) gets nothing from WFBP, and pays nothing.
 #
 # ## Measured on sockets
 # Now the real runtime: 2 nodes in threads of this process, over loopback TCP, each node's
