@@ -101,6 +101,39 @@ def test_queue_is_bounded_and_thread_stops():
     assert not thread.is_alive()
 
 
+def test_the_thread_makes_the_next_batch_only_once_the_caller_released_its_place():
+    """Caffe's free queue: the batch the caller holds fills a place until release() (the Data
+    layer calls it after copying the batch into its tops), so the thread is not woken while the
+    copy has let the GIL go.  With a plain queue, taking a batch woke the thread at once."""
+
+    class Counting(BatchReader):
+        made = 0
+
+        def produce(self, epoch, index):
+            Counting.made += 1
+            return super().produce(epoch, index)
+
+    p = Prefetcher(Counting(make_dataset(), 4, shuffle=False), depth=1)
+    first, _ = p.next()
+    time.sleep(0.3)
+    assert Counting.made == 1 and p._queue.qsize() == 0  # held: no place free for the next batch
+    p.release()
+    p.release()  # twice is harmless: one place only
+    deadline = time.time() + 5
+    while p._queue.qsize() == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert Counting.made == 2 and p._queue.qsize() == 1
+    second, _ = p.next()  # next() also releases what the caller still held
+    np.testing.assert_array_equal(second, take(Prefetcher(_reader_plain(), depth=0), 2)[1][0])
+    assert first.shape == second.shape
+    p.stop()
+
+
+def _reader_plain():
+    return BatchReader(make_dataset(), 4, shuffle=False)
+
+
 def test_dropped_prefetcher_ends_its_thread():
     p = Prefetcher(_reader(), depth=2)
     p.next()

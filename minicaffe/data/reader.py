@@ -16,10 +16,22 @@ three integers plus its settings: :meth:`Prefetcher.state_dict` returns them as 
 makes the next batch the one that would have come next when the state was saved.
 
 **Prefetch.** As in Caffe (BasePrefetchingDataLayer), a background thread makes the next
-batches (gather + transform) while the net runs, into a bounded queue ``depth`` batches deep
+batches (gather + transform) while the net runs, at most ``depth`` batches ahead of the caller
 (default 3).  The thread is a daemon, :meth:`Prefetcher.stop` ends it (and every live prefetcher
 is stopped at interpreter exit), and an error in the thread is raised in the caller at the batch
 where it happened.  ``depth=0`` makes batches synchronously in the caller, without a thread.
+
+**When the thread wakes.** Caffe's prefetcher keeps two queues, full batches and free ones, and
+the layer hands the batch it took back to the free queue only when it is done with it.  Here the
+free queue is a count of free places (a semaphore of ``depth``; the batch the caller holds fills
+one): :meth:`Prefetcher.next` takes a place's batch, and the thread may make another one once the
+caller has *released* it (:meth:`Prefetcher.release`, or the next ``next()``).  The Data layer releases the batch after
+copying it into its tops.  This matters with Python threads: a woken thread takes the GIL the
+moment the caller lets it go, and copying a batch lets it go.  When ``next()`` itself woke the
+thread (a plain bounded queue's ``get``), the copy of LeNet's 200 KB batch into its top took
+0.14-0.17 ms inside a two-lane step, waiting for the prefetch thread's Python, against 0.035 ms
+with no thread awake (``benchmarks/step_timeline.py``), all of it on the calling thread while
+the other core waited.
 """
 
 import atexit
@@ -126,7 +138,9 @@ class Prefetcher:
         self._pos = (int(epoch), int(index))  # the position of the next batch the caller gets
         self._thread = None
         self._stop = None
-        self._queue = None
+        self._queue = None  # batches made, in order
+        self._free = None  # a semaphore: places for the thread to make batches into
+        self._held = False  # the caller holds the batch of a place (released by release())
         _live.add(self)
 
     # -- the caller's side ---------------------------------------------------------------------
@@ -137,13 +151,23 @@ class Prefetcher:
         else:
             if self._thread is None:
                 self.start()
+            self.release()  # the caller is done with the batch before (if it did not say so)
             item = self._queue.get()
             if isinstance(item, _Failed):
                 self._thread = None
                 raise item.error
+            self._held = True
             data, labels, after = item
         self._pos = after
         return data, labels
+
+    def release(self):
+        """The caller is done with the last batch ``next()`` gave (it has copied it): the thread
+        may make the next one into its place now, not before (see "When the thread wakes").  The
+        arrays stay valid: each batch is a fresh array.  Calling it twice is harmless."""
+        if self._held:
+            self._held = False
+            self._free.release()
 
     def state_dict(self):
         """Where the reader is, as plain JSON: the next batch starts at (epoch, index)."""
@@ -181,10 +205,12 @@ class Prefetcher:
         if self.depth <= 0 or self._thread is not None:
             return
         self._stop = threading.Event()
-        self._queue = queue.Queue(maxsize=self.depth)
+        self._queue = queue.SimpleQueue()
+        self._free = threading.Semaphore(self.depth)  # (as Caffe's PREFETCH_COUNT: the held one counts)
+        self._held = False
         self._thread = threading.Thread(
             target=_produce_loop,
-            args=(self.reader, self._pos, self._queue, self._stop),
+            args=(self.reader, self._pos, self._queue, self._free, self._stop),
             name="minicaffe-prefetch",
             daemon=True,
         )
@@ -196,11 +222,8 @@ class Prefetcher:
         if thread is None:
             return
         self._stop.set()
-        try:  # unblock a put() on a full queue
-            while True:
-                self._queue.get_nowait()
-        except queue.Empty:
-            pass
+        self._free.release()  # wake a thread waiting for a free place
+        self._held = False
         thread.join(timeout)
 
     def __del__(self):
@@ -210,23 +233,23 @@ class Prefetcher:
             pass
 
 
-def _produce_loop(reader, pos, q, stop):
-    """The thread's body: make batches from ``pos`` on, forever, until ``stop`` is set.
+def _produce_loop(reader, pos, q, free, stop):
+    """The thread's body: make batches from ``pos`` on, each into a free place (``free``), until
+    ``stop`` is set.
 
     It holds no reference to the Prefetcher, so a Prefetcher nobody uses any more is collected
     (and its __del__ stops this thread).
     """
     while not stop.is_set():
+        if not free.acquire(timeout=0.1):
+            continue
+        if stop.is_set():
+            return
         try:
             item = reader.produce(*pos)
         except BaseException as e:  # noqa: BLE001  (handed to the caller)
             item = _Failed(e)
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                break
-            except queue.Full:
-                continue
+        q.put(item)
         if isinstance(item, _Failed):
             return
         pos = item[2]

@@ -133,6 +133,11 @@ class Data(DataLayer):
             )
         return (data, labels)[: self.n_tops]
 
+    def batch_copied(self):
+        """The prefetch thread may make the next batch now: woken earlier, it would take the GIL
+        while the copy into the tops had let it go (minicaffe.data.reader, "When the thread wakes")."""
+        self.prefetcher.release()
+
     def position(self):
         """The reader's position as plain JSON (see minicaffe.data.reader)."""
         return self.prefetcher.state_dict()

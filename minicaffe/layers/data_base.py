@@ -7,6 +7,8 @@ and the runtimes need of it is declared here, so they find data layers with
     batch_size              images per batch (set by layer_setup)
     next_batch()            the next batch as host arrays, one per top (forward copies them in);
                             advances the position
+    batch_copied()          forward has copied that batch into the tops: a layer that reads
+                            ahead (a prefetch thread) may start on the next one now
     position()              where the reader is now, as plain JSON
     seek(state)             continue from a position()
     state_dict()            what a snapshot records: position(), unless a runtime declared
@@ -45,11 +47,16 @@ class DataLayer(Layer):
         raise NotImplementedError(f"{type(self).__name__}.seek")
 
     # -- the contract the solver and runtimes use ----------------------------------------------
+    def batch_copied(self):
+        """Called by ``forward`` once the batch ``next_batch()`` gave is in the tops (nothing
+        by default; the Data layer lets its prefetch thread make the next batch only then)."""
+
     def forward(self, bottom, top):
         batch = self.next_batch()
         for t, arr in zip(top, batch):
             # one counted host->device copy per top on a GPU backend; a plain copy on the CPU
             t.data = arr.reshape(t.shape)  # overwrites the host side; one copy to the device when next read
+        self.batch_copied()
 
     def state_dict(self):
         """The position a snapshot records (see set_position_source)."""
