@@ -38,6 +38,12 @@ dot-product kernel):
                   -- disappears, and the layout change and bias fold into the last pass.  (The
                   unfused composition, im2col + the hand-written GEMM, was a rung of its own:
                   77-88% of v3's speed.)
+  v7_winograd     Winograd's minimal filtering, F(4x4, r x r) (kernels/winograd.py): input tiles
+                  and filters transformed, alpha^2 = (4 + r - 1)^2 GEMMs over channels, the
+                  output transformed back; 64 multiplies per 16 outputs of a 5x5 kernel instead
+                  of 400.  Stride 1, no dilation, square 3x3 or 5x5 kernels (other geometry runs
+                  v3_im2col_blas); float32 results within a few 1e-6 of max|y|, not the direct
+                  sum's rounding (docs/KERNELS.md, "Winograd").  Both backward passes too.
   v5_implicit_prange  v4 with the image blocks split across cores by prange: per-image
                   parallelism, the form a training step can use when one process trains.  Safe
                   from several Python threads only under a threading layer that allows
@@ -51,6 +57,7 @@ from numba import njit, prange
 from . import _versions
 from . import gemm as _gemm
 from . import im2col as _im2col
+from . import winograd as _winograd
 
 _U = np.uint64  # unsigned flat offsets: no negative-index fix-up on each access (kernels/im2col.py)
 
@@ -652,6 +659,31 @@ def shifted_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt, db):
         _shifted_dots(g, offs, xb, L, dw2)
 
 
+def _winograd_ok(w, sh, sw, dh, dw):
+    """F(4x4, r x r) applies (kernels/winograd.py): square kernel, stride 1, no dilation."""
+    kh, kw = w.shape[2], w.shape[3]
+    return _winograd.supported(kh, kw, sh, sw, dh, dw, _winograd.tile_for(kh))
+
+
+def conv_fwd_v7_winograd(x, w, bias, ph, pw, sh, sw, dh, dw, y):
+    """Winograd F(4x4, r x r) where it applies (else v3_im2col_blas): kernels/winograd.py."""
+    if not _winograd_ok(w, sh, sw, dh, dw):
+        return conv_fwd_v3_im2col_blas(x, w, bias, ph, pw, sh, sw, dh, dw, y)
+    _winograd.fwd(x, w, bias, ph, pw, y, _winograd.tile_for(w.shape[2]))
+
+
+def conv_bwd_data_v7_winograd(dy, w, ph, pw, sh, sw, dh, dw, dx):
+    if not _winograd_ok(w, sh, sw, dh, dw):
+        return conv_bwd_data_v3_im2col_blas(dy, w, ph, pw, sh, sw, dh, dw, dx)
+    _winograd.bwd_data(dy, w, ph, pw, dx, _winograd.tile_for(w.shape[2]))
+
+
+def conv_bwd_filter_v7_winograd(x, dy, ph, pw, sh, sw, dh, dw, dwt):
+    if not _winograd_ok(dwt, sh, sw, dh, dw):
+        return conv_bwd_filter_v3_im2col_blas(x, dy, ph, pw, sh, sw, dh, dw, dwt)
+    _winograd.bwd_filter(x, dy, ph, pw, dwt, _winograd.tile_for(dwt.shape[2]))
+
+
 def conv_fwd_v6_shifted(x, w, bias, ph, pw, sh, sw, dh, dw, y):
     shifted_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y)
 
@@ -669,17 +701,20 @@ VERSIONS = {
         "v4_implicit": conv_fwd_v4_implicit,
         "v5_implicit_prange": conv_fwd_v5_implicit_prange,
         "v6_shifted": conv_fwd_v6_shifted,
+        "v7_winograd": conv_fwd_v7_winograd,
     },
     "conv_bwd_data": {
         "v1_naive": conv_bwd_data_v1_naive,
         "v3_im2col_blas": conv_bwd_data_v3_im2col_blas,
         "v4_implicit": conv_bwd_data_v4_implicit,
+        "v7_winograd": conv_bwd_data_v7_winograd,
     },
     "conv_bwd_filter": {
         "v1_naive": conv_bwd_filter_v1_naive,
         "v3_im2col_blas": conv_bwd_filter_v3_im2col_blas,
         "v4_implicit": conv_bwd_filter_v4_implicit,
         "v6_shifted": conv_bwd_filter_v6_shifted,
+        "v7_winograd": conv_bwd_filter_v7_winograd,
     },
 }
 DEFAULTS = {"conv_fwd": "v3_im2col_blas", "conv_bwd_data": "v3_im2col_blas", "conv_bwd_filter": "v3_im2col_blas"}

@@ -15,8 +15,27 @@ from hypothesis import strategies as st
 from kernel_check import DTYPES, assert_close, sum_tol, versions
 
 from kernels import conv as K
+from kernels import winograd as WG
 
 SETTINGS = settings(max_examples=20, deadline=None)
+
+
+def _tol(ver, dtype, xs, ws, g, which, tol, x=None, w=None, dy=None, b=None):
+    """The test's tolerance for ``ver``: the direct sums' bound, except where v7_winograd runs
+    Winograd's algorithm: there the rounding bound of its transforms (kernels/winograd.py,
+    ``reference(..., magnitude=True)``, as tests/test_kernels_winograd.py checks it)."""
+    ph, pw, sh, sw, dh, dw = g
+    if ver != "v7_winograd" or not WG.supported(ws[2], ws[3], sh, sw, dh, dw) or ph != pw:
+        return tol
+    m = WG.tile_for(ws[2])
+    x = np.zeros(xs) if x is None else x
+    w = np.zeros(ws) if w is None else w
+    mags = list(WG.reference(x, w, ph, pw, m, dy, magnitude=True))
+    if b is not None and b.size:
+        mags[0] = mags[0] + np.abs(b.astype(np.float64))[None, :, None, None]  # the bias: added last
+    OH, OW = xs[2] + 2 * ph - ws[2] + 1, xs[3] + 2 * pw - ws[3] + 1
+    n = WG.roundings(xs[1], ws[0], xs[0] * -(-OH // m) * -(-OW // m), m, ws[2]) + 2
+    return np.maximum(tol, n * np.finfo(dtype).eps * mags[which])
 
 
 @st.composite
@@ -49,7 +68,7 @@ def test_every_version(geo, seed):
             assert_close(
                 y,
                 ref,
-                sum_tol(dtype, n_terms, mag),
+                _tol(ver, dtype, xs, ws, g, 0, sum_tol(dtype, n_terms, mag), x=x, w=w, b=b),
                 kernel="conv_fwd",
                 version=ver,
                 shape=f"x{xs} w{ws} p,s,d={g} bias={has_bias}",
@@ -74,9 +93,8 @@ def test_bwd_data_every_version(geo, seed):
             dx = np.full(xs, np.nan, dtype)
             fn(dy, w, *g, dx)
             n_terms = ws[0] * ws[2] * ws[3]
-            assert_close(
-                dx, ref, sum_tol(dtype, n_terms, mag), kernel="conv_bwd_data", version=ver, shape=f"x{xs} w{ws} {g}"
-            )
+            tol = _tol(ver, dtype, xs, ws, g, 1, sum_tol(dtype, n_terms, mag), w=w, dy=dy)
+            assert_close(dx, ref, tol, kernel="conv_bwd_data", version=ver, shape=f"x{xs} w{ws} {g}")
 
 
 @settings(max_examples=10, deadline=None)
@@ -97,9 +115,8 @@ def test_bwd_filter_every_version(geo, seed):
             out = np.full(ws, np.nan, dtype)
             fn(x, dy, *g, out)
             n_terms = xs[0] * OH * OW
-            assert_close(
-                out, ref, sum_tol(dtype, n_terms, mag), kernel="conv_bwd_filter", version=ver, shape=f"x{xs} w{ws} {g}"
-            )
+            tol = _tol(ver, dtype, xs, ws, g, 2, sum_tol(dtype, n_terms, mag), x=x, dy=dy)
+            assert_close(out, ref, tol, kernel="conv_bwd_filter", version=ver, shape=f"x{xs} w{ws} {g}")
 
 
 @pytest.mark.parametrize("xs, ws, pad", [((70, 12, 8, 8), (7, 12, 5, 5), 0), ((3, 11, 9, 9), (5, 11, 5, 5), 2)])

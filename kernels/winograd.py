@@ -1,0 +1,506 @@
+"""Winograd convolution: fewer multiplies per output by transforming tiles (Lavin & Gray 2016).
+
+Contract (stride 1, no dilation, a square r x r kernel; the conv family's other arguments):
+
+    fwd(x, w, bias, ph, pw, y, m)          y = conv(x, w) + bias, as kernels.conv.conv_fwd
+    bwd_data(dy, w, ph, pw, dx, m)         dx (OVERWRITTEN) = the gradient to the input
+        x (N, C, H, W), w (M, C, r, r), bias (M,) or (0,), y (N, M, OH, OW), OH = H + 2 ph - r + 1;
+        m is the output tile's side: F(m x m, r x r) reads (m + r - 1)^2 input values per tile.
+
+The idea in one dimension.  Two outputs of a 3-tap correlation, y0 = g0 d0 + g1 d1 + g2 d2 and
+y1 = g0 d1 + g1 d2 + g2 d3, take 6 multiplies done directly.  Winograd's F(2, 3) takes 4: it
+evaluates the filter's polynomial g(x) = g0 + g1 x + g2 x^2 and a data "polynomial" at 4 points
+(here 0, 1, -1 and infinity, where a polynomial's value is its leading coefficient), multiplies
+the values pointwise (the 4 multiplies) and interpolates back.  In matrices, for the
+correlation of a length-(m + r - 1) input d with an r-tap filter g:
+
+    y = A^T [ (G g) * (B^T d) ]            * elementwise, alpha = m + r - 1 products
+
+where G (alpha x r) evaluates g at the alpha points, A (alpha x m) evaluates a degree m - 1
+polynomial there, and B^T is the transpose of the interpolation that recovers a product
+polynomial (degree alpha - 1) from its alpha values: B^T = (E^-1)^T, E the alpha x alpha
+evaluation matrix.  (Correlation is the transpose of polynomial multiplication, which is why
+the interpolation appears transposed on the input side.)  In two dimensions the same matrices
+act on both axes of an alpha x alpha tile:
+
+    Y (m x m) = A^T [ (G g G^T) * (B^T d B) ] A
+
+and over C input channels the elementwise products become, at each of the alpha^2 tile
+positions ("frequencies") xi, a matrix product over channels:
+
+    Mx[xi] (M, tiles) = U[xi] (M, C) @ V[xi] (C, tiles),   U = G w G^T,  V = B^T d B
+
+so a convolution turns into alpha^2 small GEMMs plus three cheap transforms.  Multiplies per
+output per channel pair: alpha^2 / m^2 instead of r^2: F(2x2, 5x5) 36/4 = 9 (against 25),
+F(4x4, 5x5) 64/16 = 4, F(4x4, 3x3) 36/16 = 2.25 (against 9).
+
+The price is accuracy.  The points are 0, +-1, +-2, +-1/2 (and infinity), the ones that keep
+the transform matrices small; bigger tiles need more points and the entries grow (F(4x4, 5x5)'s
+B^T has 5.25), so float32 rounding is amplified.  Measured on LeNet's conv2 shapes (random
+normal data): max error / max |y| is 2e-7 for direct float32 sums, 3e-6 for F(2x2, 5x5) and
+5e-6 for F(4x4, 5x5) (tests/test_kernels_winograd.py states its bound).  The matrices are
+derived here from the points in float64 (``transforms``), not pasted: ``A``, ``G``, ``B^T``
+come out exactly as Lavin & Gray's Table 1 for F(2, 3), and the filter's matrix takes the
+fractions (G's rows divided by f_j = prod_{l != j} (p_j - p_l)) so that B^T, which touches the
+data, has small exact entries.
+
+How this file computes it (the engine's layout, every loop a unit-stride run over tiles):
+  1. filters: U (alpha^2, M, C) = (G kron G) (alpha^2, r^2) @ w (M*C, r^2)^T, one GEMM.
+  2. input: for a block of tiles and each channel, the block's alpha x alpha tiles are gathered
+     into D (alpha, alpha, tiles) (zeros outside the padded image) and transformed on both axes,
+     each a few AXPYs over the block's tiles that skip B^T's zeros: V[xi, c, tiles].
+  3. products: for each xi, Mx[xi] = U[xi] @ V[xi] by BLAS (kernels.cblas, without the GIL).
+  4. output: A^T on both axes (AXPYs over tiles again), bias, and the m x m results scattered
+     into y (a partial tile at the right or bottom edge writes only what lies inside).
+The data gradient is the same forward run on dy, padded by r - 1 - p, with the filters flipped
+and their two channel axes swapped (G applied to the reversed taps; U[xi] read transposed).
+"""
+
+import functools
+from fractions import Fraction
+
+import numpy as np
+from numba import njit
+
+from . import cblas as _cblas
+from . import gemm as _gemm
+
+__all__ = [
+    "transforms",
+    "supported",
+    "tile_for",
+    "filters",
+    "fwd",
+    "bwd",
+    "bwd_data",
+    "bwd_filter",
+    "tiles_size",
+    "reference",
+    "roundings",
+    "POINTS",
+    "TILE_BLOCK",
+]
+
+#: the finite interpolation points per alpha = m + r - 1 (infinity is always the last point)
+POINTS = {
+    4: (0.0, 1.0, -1.0),
+    6: (0.0, 1.0, -1.0, 2.0, -2.0),
+    8: (0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5),
+}
+
+#: tiles transformed per block (the block's D, V and Mx stay in L2 for LeNet's conv2)
+TILE_BLOCK = 256
+
+
+def _evaluation(points, n):
+    """(alpha, n) as exact fractions: row j evaluates a polynomial of degree n - 1 (coefficients
+    c_0..c_{n-1}) at point j; the last row is the point at infinity, which reads the leading
+    coefficient."""
+    E = [[Fraction(p) ** k for k in range(n)] for p in points]
+    return E + [[Fraction(0)] * (n - 1) + [Fraction(1)]]
+
+
+def _inverse(E):
+    """The inverse of a square matrix of fractions by Gauss-Jordan elimination: exact, so the
+    transforms hold exactly the values the algebra gives (5.25, not 5.249999999999998)."""
+    n = len(E)
+    A = [row[:] + [Fraction(int(i == j)) for j in range(n)] for i, row in enumerate(E)]
+    for c in range(n):
+        p = next(r for r in range(c, n) if A[r][c] != 0)
+        A[c], A[p] = A[p], A[c]
+        A[c] = [v / A[c][c] for v in A[c]]
+        for r in range(n):
+            if r != c and A[r][c] != 0:
+                A[r] = [v - A[r][c] * u for v, u in zip(A[r], A[c])]
+    return [row[n:] for row in A]
+
+
+@functools.cache
+def transforms(m, r):
+    """(AT (m, alpha), G (alpha, r), BT (alpha, alpha)) in float64 for F(m, r), derived from the
+    points in exact arithmetic: AT and G evaluate the output and filter polynomials, BT is the
+    transposed inverse of the evaluation of the degree alpha - 1 product, with each finite
+    point's scale f_j = prod_{l != j} (p_j - p_l) moved from BT into G (G's row j divided by
+    |f_j|, BT's row j multiplied by it), so that BT, which touches the data, holds small values
+    (integers, or quarters with the points +-1/2) and the fractions go to the filters."""
+    alpha = m + r - 1
+    if alpha not in POINTS:
+        raise ValueError(
+            f"winograd: F({m}, {r}) needs {alpha} points; this file has them for alpha in {sorted(POINTS)}"
+        )
+    pts = [Fraction(p) for p in POINTS[alpha]]
+    f = [abs(np.prod([p - q for q in pts if q != p])) for p in pts] + [Fraction(1)]
+    inv = _inverse(_evaluation(pts, alpha))
+    AT = np.array(_evaluation(pts, m), np.float64).T
+    G = np.array([[v / f[j] for v in row] for j, row in enumerate(_evaluation(pts, r))], np.float64)
+    BT = np.array([[inv[i][j] * f[j] for i in range(alpha)] for j in range(alpha)], np.float64)
+    return AT, G, BT
+
+
+def _rows_of(mat, dtype):
+    """A transform as (count, column, value) rows of its nonzeros for ``_axpy_rows``, each row's
+    list padded to a multiple of four with zero coefficients (on column 0)."""
+    nz = [np.flatnonzero(row) for row in mat]
+    cnt = np.array([-(-len(z) // 4) * 4 for z in nz], np.int64)
+    col = np.zeros((mat.shape[0], cnt.max()), np.int64)
+    val = np.zeros((mat.shape[0], cnt.max()), dtype)
+    for k, z in enumerate(nz):
+        col[k, : len(z)] = z
+        val[k, : len(z)] = mat[k, z]
+    return cnt, col, val
+
+
+@functools.cache
+def _sparse(m, r, dtype):
+    """The four tile transforms in ``dtype`` for the compiled loops: BT and AT (the forward's
+    input and output), A and B (the data gradient's: the forward's transposes); and G kron G
+    (float64), the filter transform of a flattened r x r filter."""
+    AT, G, BT = transforms(m, r)
+    return {
+        "BT": _rows_of(BT, dtype),
+        "AT": _rows_of(AT, dtype),
+        "A": _rows_of(AT.T, dtype),
+        "B": _rows_of(BT.T, dtype),
+        "GG": np.kron(G, G),
+    }
+
+
+def reference(x, w, ph, pw, m, dy=None, magnitude=False):
+    """The algorithm in float64 numpy, all tiles at once: (y, dx, dw), the last two only with dy.
+    With ``magnitude`` every matrix, input and filter is taken by absolute value: the result
+    bounds what rounding can do, |computed - exact| <= roundings(...) * eps * magnitude, each
+    rounding of a sum being at most eps times the sum of its terms' sizes, carried through the
+    later (absolute) transforms.  The tests' tolerance."""
+    AT, G, BT = transforms(m, w.shape[2])
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    if magnitude:
+        AT, G, BT, x, w = (np.abs(v) for v in (AT, G, BT, x, w))
+        dy = None if dy is None else np.abs(np.asarray(dy, np.float64))
+    N, C, H, W = x.shape
+    M, _, r, _ = w.shape
+    a = m + r - 1
+    OH, OW = H + 2 * ph - r + 1, W + 2 * pw - r + 1
+    th, tw, Hq, Wq = _geometry(N, OH, OW, m, r)
+    xq = _padded(x, Hq, Wq, ph, pw)
+    tiles = np.lib.stride_tricks.sliding_window_view(xq, (a, a), axis=(2, 3))[:, :, ::m, ::m]  # (N, C, th, tw, a, a)
+    V = np.einsum("ki,nctuij,lj->nctukl", BT, tiles, BT)
+    U = np.einsum("ki,mcij,lj->mckl", G, w, G)
+    Y = np.einsum("ki,nmtuij,lj->nmtkul", AT, np.einsum("mckl,nctukl->nmtukl", U, V), AT)
+    y = Y.reshape(N, M, th * m, tw * m)[:, :, :OH, :OW]
+    if dy is None:
+        return y, None, None
+    dyq = _padded(np.asarray(dy, np.float64), th * m, tw * m, 0, 0).reshape(N, M, th, m, tw, m)
+    Yh = np.einsum("ik,nmtkul,jl->nmtuij", AT.T, dyq, AT.T)  # A dy A^T per tile
+    dtiles = np.einsum("ik,nctukl,jl->nctuij", BT.T, np.einsum("mckl,nmtukl->nctukl", U, Yh), BT.T)
+    dxq = np.zeros((N, C, Hq, Wq))
+    for ty in range(th):  # overlapping tiles: added, one tile position at a time
+        for tx in range(tw):
+            dxq[:, :, ty * m : ty * m + a, tx * m : tx * m + a] += dtiles[:, :, ty, tx]
+    dU = np.einsum("nmtukl,nctukl->mckl", Yh, V)
+    dw = np.einsum("ik,mckl,lj->mcij", G.T, dU, G)
+    return y, dxq[:, :, ph : ph + H, pw : pw + W], dw
+
+
+def roundings(C, M, tiles, m, r):
+    """How many roundings a result of the float32 algorithm can collect, for ``reference``'s
+    bound: the transforms' sums (at most alpha terms on each axis, twice per side), the
+    filters' (r^2 terms), and the GEMMs' sums over channels (forward and data gradient) or
+    tiles (weight gradient)."""
+    a = m + r - 1
+    return 4 * a + r * r + max(C, M, tiles) + 4
+
+
+def supported(kh, kw, sh, sw, dh, dw, m=4):
+    """Whether F(m x m, kh x kw) applies: a square kernel with a derived transform, stride 1 and
+    no dilation (the engine falls back to im2col + GEMM otherwise)."""
+    return kh == kw >= 3 and (sh, sw, dh, dw) == (1, 1, 1, 1) and (m + kh - 1) in POINTS
+
+
+def tile_for(r):
+    """The output tile side the engine uses for an r x r kernel: F(4x4, r x r) for r <= 5 (8x8
+    tiles at most), F(2x2, ...) where that would need more points than this file has."""
+    return 4 if (4 + r - 1) in POINTS else 2
+
+
+# -- the compiled loops ------------------------------------------------------------------------
+# Offsets are unsigned (``_U``): an int64 index carries numba's negative-index fix-up on every
+# access, which keeps LLVM from vectorizing the runs over tiles (kernels/im2col.py, v3_flat).
+_U = np.uint64
+
+
+@njit(nogil=True, cache=True)
+def _axpy_rows(cnt, col, val, src, s0, s_step, dst, d0, d_step, L):
+    """dst row k = sum over the nonzeros (j, v) of the transform's row k of v * src row j, for
+    every row k; rows are runs of L values, row j of src at s0 + j*s_step (dst likewise).  The
+    nonzeros come four at a time (``_sparse`` pads each row's list with zero coefficients to a
+    multiple of four), so each store of dst carries four multiply-adds and the first four write
+    it: no clearing pass, and dst is read and written once per four source rows, not per row."""
+    for k in range(cnt.shape[0]):
+        d = _U(d0 + k * d_step)
+        for q in range(0, cnt[k], 4):
+            r0, r1 = _U(s0 + col[k, q] * s_step), _U(s0 + col[k, q + 1] * s_step)
+            r2, r3 = _U(s0 + col[k, q + 2] * s_step), _U(s0 + col[k, q + 3] * s_step)
+            v0, v1, v2, v3 = val[k, q], val[k, q + 1], val[k, q + 2], val[k, q + 3]
+            if q == 0:
+                for t in range(_U(L)):
+                    dst[d + t] = v0 * src[r0 + t] + v1 * src[r1 + t] + v2 * src[r2 + t] + v3 * src[r3 + t]
+            else:
+                for t in range(_U(L)):
+                    dst[d + t] += v0 * src[r0 + t] + v1 * src[r1 + t] + v2 * src[r2 + t] + v3 * src[r3 + t]
+
+
+@njit(nogil=True, cache=True)
+def _origins(N, C, th, tw, m, Hq, Wq, org):
+    """org[t] = where tile t = (image, tile row, tile column) starts in a (N, C, Hq, Wq) array's
+    channel 0 (add c * Hq * Wq for channel c)."""
+    t = 0
+    for n in range(N):
+        for ty in range(th):
+            for tx in range(tw):
+                org[t] = _U(n * C * Hq * Wq + ty * m * Wq + tx * m)
+                t += 1
+
+
+@njit(nogil=True, cache=True)
+def _tiles_in(xf, C, Hq, Wq, org, t0, L, g, cnt, col, val, D, E, V):
+    """V (a, a, C, L) for tiles t0..t0+L of xf (flat (N, C, Hq, Wq)), with the a x g transform
+    (cnt, col, val) applied on both axes of each g x g tile.  Per channel: the tiles are gathered
+    into D (g, g, L), one run over the block's tiles per position in the tile, then transformed
+    along each tile row into E (g, a, L) and down each column into V."""
+    a = cnt.shape[0]
+    for c in range(C):
+        for i in range(g):
+            for j in range(g):
+                off = _U(c * Hq * Wq + i * Wq + j)
+                d = _U((i * g + j) * L)
+                for b in range(_U(L)):
+                    D[d + b] = xf[org[t0 + b] + off]
+        for i in range(g):  # along the rows: E[i, k] = sum_j T[k, j] D[i, j]
+            _axpy_rows(cnt, col, val, D, i * g * L, L, E, i * a * L, L, L)
+        for k2 in range(a):  # down the columns: V[k1, k2] = sum_i T[k1, i] E[i, k2]
+            _axpy_rows(cnt, col, val, E, k2 * L, a * L, V, (k2 * C + c) * L, a * C * L, L)
+
+
+@njit(nogil=True, cache=True)
+def _tiles_out(Mf, K, a, bias, accumulate, yf, OHq, OWq, org, t0, L, cnt, col, val, Z, O):
+    """Tiles t0..t0+L of yf (flat (N, K, OHq, OWq)) from Mf (flat (a, a, K, L)), with the s x a
+    transform (cnt, col, val) applied on both axes: per channel along the rows into Z (a, s, L),
+    down the columns into O (s, s, L), then one run per position in the tile scattered into y:
+    written with the bias added, or (``accumulate``: overlapping tiles) added in."""
+    s = cnt.shape[0]
+    has_bias = bias.shape[0] > 0
+    for ko in range(K):
+        for i in range(a):  # Z[i, k2] = sum_j T[k2, j] Mx[i, j, ko]
+            _axpy_rows(cnt, col, val, Mf, (i * a * K + ko) * L, K * L, Z, i * s * L, L, L)
+        for k2 in range(s):  # O[k1, k2] = sum_i T[k1, i] Z[i, k2]
+            _axpy_rows(cnt, col, val, Z, k2 * L, s * L, O, k2 * L, s * L, L)
+        bv = bias[ko] if has_bias else O[0] * 0
+        for k1 in range(s):
+            for k2 in range(s):
+                off = _U(ko * OHq * OWq + k1 * OWq + k2)
+                o = _U((k1 * s + k2) * L)
+                if accumulate:
+                    for b in range(_U(L)):
+                        yf[org[t0 + b] + off] += O[o + b]
+                else:
+                    for b in range(_U(L)):
+                        yf[org[t0 + b] + off] = O[o + b] + bv
+
+
+@njit(nogil=True, cache=True)
+def _products_blas(U, V, Mx):
+    """Mx[xi] = U[xi] @ V[xi] for every xi, one BLAS call each, all without the GIL."""
+    for xi in range(V.shape[0]):
+        _cblas._gemm_nogil(1.0, U[xi], V[xi], 0.0, Mx[xi])
+
+
+@njit(nogil=True, cache=True)
+def _products_blas_t(U, V, Mx):
+    """Mx[xi] = U[xi]^T @ V[xi] for every xi (BLAS reads the transpose as a flag)."""
+    for xi in range(V.shape[0]):
+        _cblas._gemm_nogil(1.0, U[xi].T, V[xi], 0.0, Mx[xi])
+
+
+@njit(nogil=True, cache=True)
+def _products_nt_blas(Y, V, dU, beta):
+    for xi in range(V.shape[0]):
+        _cblas._gemm_nogil(1.0, Y[xi], V[xi].T, beta, dU[xi])
+
+
+def _products_nt(Y, V, dU, beta):
+    """dU[xi] = Y[xi] @ V[xi]^T + beta dU[xi] (the weight gradient's sum over a block's tiles)."""
+    if Y.dtype == V.dtype and _cblas.nogil_available():
+        _products_nt_blas(Y, V, dU, beta)
+    else:
+        for xi in range(V.shape[0]):
+            _gemm.gemm(False, True, 1.0, Y[xi], V[xi], beta, dU[xi])
+
+
+def _products(U, V, Mx, trans_u):
+    """Mx[xi] = U[xi] @ V[xi], or U[xi]^T @ V[xi] with ``trans_u`` (U is (alpha^2, M, C))."""
+    if U.dtype == V.dtype and _cblas.nogil_available():
+        (_products_blas_t if trans_u else _products_blas)(U, V, Mx)
+    else:
+        for xi in range(V.shape[0]):
+            _gemm.gemm(trans_u, False, 1.0, U[xi], V[xi], 0.0, Mx[xi])
+
+
+def _padded(x, Hq, Wq, ph, pw):
+    """x (N, C, H, W) placed at (ph, pw) in a zeroed (N, C, Hq, Wq) array, cut at its far edges
+    (x itself when nothing moves)."""
+    N, C, H, W = x.shape
+    if (ph, pw, Hq, Wq) == (0, 0, H, W):
+        return np.ascontiguousarray(x)
+    xq = np.zeros((N, C, Hq, Wq), x.dtype)
+    h, w = min(H, Hq - ph), min(W, Wq - pw)
+    xq[:, :, ph : ph + h, pw : pw + w] = x[:, :, :h, :w]
+    return xq
+
+
+def _blocks(N, th, tw, C_in, C_out, a, m, dt):
+    """Tile count, block size and each block's buffers (D, E, V, Mx, Z, O, sized for the widest
+    of the forward's and the data gradient's uses)."""
+    T = N * th * tw
+    L = min(T, TILE_BLOCK)
+    bufs = [np.empty(a * a * L, dt), np.empty(a * a * L, dt)]  # D, E
+    bufs += [np.empty(a * a * C_in * L, dt), np.empty(a * a * C_out * L, dt)]  # V, Mx
+    bufs += [np.empty(a * a * L, dt), np.empty(a * a * L, dt)]  # Z, O
+    return T, L, bufs
+
+
+def _geometry(N, OH, OW, m, r):
+    th, tw = -(-OH // m), -(-OW // m)
+    return th, tw, (th - 1) * m + m + r - 1, (tw - 1) * m + m + r - 1  # tiles, what they read
+
+
+def filters(w, m):
+    """U (alpha^2, M, C) = G w G^T for every (output, input) channel pair, by one GEMM in the
+    filters' dtype from the float64 G kron G."""
+    M, C, r, _ = w.shape
+    kron = _sparse(m, r, np.dtype(w.dtype))["GG"].astype(w.dtype)
+    U = np.empty(((m + r - 1) ** 2, M, C), w.dtype)
+    _gemm.gemm(False, True, 1.0, kron, np.ascontiguousarray(w).reshape(M * C, r * r), 0.0, U.reshape(-1, M * C))
+    return U
+
+
+def _check(x, w, y, m, what):
+    M, C, kh, kw = w.shape
+    if not supported(kh, kw, 1, 1, 1, 1, m):
+        raise ValueError(
+            f"winograd.{what}: F({m}x{m}, {kh}x{kw}) is not supported (square kernels, alpha in {sorted(POINTS)})"
+        )
+    if x.dtype != w.dtype or y.dtype != w.dtype:
+        raise ValueError(f"winograd.{what}: mixed dtypes {x.dtype}, {w.dtype}, {y.dtype}")
+
+
+def fwd(x, w, bias, ph, pw, y, m=4, U=None, keep=None):
+    """y (N, M, OH, OW) = conv(x, w) + bias at stride 1, by F(m x m, r x r).  U: the filters
+    already transformed (``filters(w, m)``), if the caller keeps them; keep: a buffer of
+    ``tiles_size(x.shape, w.shape, ph, pw, m)`` values that receives every block's transformed
+    input V, which ``bwd`` reads for the weight gradient (as im2col's columns are kept)."""
+    _check(x, w, y, m, "fwd")
+    N, C, H, W = x.shape
+    M, _, r, _ = w.shape
+    if x.shape[1] != w.shape[1] or y.shape != (N, M, H + 2 * ph - r + 1, W + 2 * pw - r + 1):
+        raise ValueError(f"winograd.fwd: x {x.shape}, w {w.shape} and pad ({ph}, {pw}) do not give y {y.shape}")
+    OH, OW = y.shape[2:]
+    a = m + r - 1
+    tr = _sparse(m, r, np.dtype(x.dtype))
+    U = filters(w, m) if U is None else U
+    th, tw, Hq, Wq = _geometry(N, OH, OW, m, r)
+    xq = _padded(x, Hq, Wq, ph, pw)
+    exact = (OH, OW) == (th * m, tw * m) and y.flags.c_contiguous
+    yq = y if exact else np.empty((N, M, th * m, tw * m), y.dtype)
+    T, L, (D, E, V, Mx, Z, O) = _blocks(N, th, tw, C, M, a, m, x.dtype)
+    org_in, org_out = np.empty(T, np.uint64), np.empty(T, np.uint64)
+    _origins(N, C, th, tw, m, Hq, Wq, org_in)
+    _origins(N, M, th, tw, m, th * m, tw * m, org_out)
+    xf, yf = xq.reshape(-1), yq.reshape(-1)
+    for t0 in range(0, T, L):
+        n = min(L, T - t0)
+        Vb = V[: a * a * C * n] if keep is None else keep[a * a * C * t0 : a * a * C * (t0 + n)]
+        Mb = Mx[: a * a * M * n]
+        _tiles_in(xf, C, Hq, Wq, org_in, t0, n, a, *tr["BT"], D, E, Vb)
+        _products(U, Vb.reshape(a * a, C, n), Mb.reshape(a * a, M, n), False)
+        _tiles_out(Mb, M, a, bias, False, yf, th * m, tw * m, org_out, t0, n, *tr["AT"], Z, O)
+    if not exact:
+        y[...] = yq[:, :, :OH, :OW]
+
+
+def tiles_size(x_shape, w_shape, ph, pw, m=4):
+    """Values of the transformed input V (alpha^2 x C x tiles) that ``fwd`` keeps."""
+    N, C, H, W = x_shape
+    r = w_shape[2]
+    th, tw, _, _ = _geometry(N, H + 2 * ph - r + 1, W + 2 * pw - r + 1, m, r)
+    return (m + r - 1) ** 2 * C * N * th * tw
+
+
+def bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m=4, U=None, kept=None, x=None):
+    """The two gradients of the stride-1 convolution ``fwd`` computes, its steps transposed and
+    run backwards, from one transform of dy.  Each m x m tile of dy is transformed by A on both
+    axes (Y = A dy A^T, alpha x alpha); then
+      dx (N, C, H, W), if given, OVERWRITTEN: per xi, U[xi]^T @ Y[xi] over the output
+         channels, transformed by B (B . B^T) and added into the alpha x alpha input tile it came
+         from (neighbouring tiles overlap by r - 1);
+      dw (M, C, r, r), if given, OVERWRITTEN: per xi, dU[xi] = Y[xi] @ V[xi]^T summed over the
+         tiles (V: the forward's transformed input, ``kept`` by fwd, else transformed from x
+         here), then dw = G^T dU G (one GEMM with G kron G transposed)."""
+    N, C, H, W = x_shape
+    M, _, r, _ = w.shape
+    _check(dy, w, dy, m, "bwd")
+    OH, OW = H + 2 * ph - r + 1, W + 2 * pw - r + 1
+    if w.shape[1] != C or dy.shape != (N, M, OH, OW):
+        raise ValueError(f"winograd.bwd: dy {dy.shape}, w {w.shape} and pad ({ph}, {pw}) do not fit x {tuple(x_shape)}")
+    a = m + r - 1
+    dt = dy.dtype
+    tr = _sparse(m, r, np.dtype(dt))
+    th, tw, Hq, Wq = _geometry(N, OH, OW, m, r)
+    T, L, (D, E, Y, Mx, Z, O) = _blocks(N, th, tw, M, max(C, M), a, m, dt)
+    org_dy, org_x = np.empty(T, np.uint64), np.empty(T, np.uint64)
+    _origins(N, M, th, tw, m, th * m, tw * m, org_dy)
+    _origins(N, C, th, tw, m, Hq, Wq, org_x)
+    yf = _padded(dy, th * m, tw * m, 0, 0).reshape(-1)
+    if dx is not None:
+        U = filters(w, m) if U is None else U
+        exact = (ph, pw, Hq, Wq) == (0, 0, H, W) and dx.flags.c_contiguous
+        dxq = dx if exact else np.empty((N, C, Hq, Wq), dt)
+        dxq[...] = 0
+        xf = dxq.reshape(-1)
+    if dw is not None:
+        dU = np.empty((a * a, M, C), dt)
+        if kept is None:
+            xin = _padded(x, Hq, Wq, ph, pw).reshape(-1)
+            V = np.empty(a * a * C * L, dt)
+    for t0 in range(0, T, L):
+        n = min(L, T - t0)
+        Yb = Y[: a * a * M * n]
+        _tiles_in(yf, M, th * m, tw * m, org_dy, t0, n, m, *tr["A"], D, E, Yb)
+        Y3 = Yb.reshape(a * a, M, n)
+        if dx is not None:
+            Mb = Mx[: a * a * C * n]
+            _products(U, Y3, Mb.reshape(a * a, C, n), True)
+            _tiles_out(Mb, C, a, dy[:0, 0, 0, 0], True, xf, Hq, Wq, org_x, t0, n, *tr["B"], Z, O)
+        if dw is not None:
+            if kept is None:
+                Vb = V[: a * a * C * n]
+                _tiles_in(xin, C, Hq, Wq, org_x, t0, n, a, *tr["BT"], D, E, Vb)
+            else:
+                Vb = kept[a * a * C * t0 : a * a * C * (t0 + n)]
+            _products_nt(Y3, Vb.reshape(a * a, C, n), dU, 0.0 if t0 == 0 else 1.0)
+    if dx is not None and not exact:
+        dx[...] = dxq[:, :, ph : ph + H, pw : pw + W]
+    if dw is not None:
+        GG = tr["GG"].astype(dt)  # dw (r^2, M*C) = (G kron G)^T @ dU (alpha^2, M*C), written transposed
+        _gemm.gemm(True, False, 1.0, dU.reshape(a * a, M * C), GG, 0.0, dw.reshape(M * C, r * r))
+
+
+def bwd_data(dy, w, ph, pw, dx, m=4, U=None):
+    """dx (N, C, H, W) = the input gradient (``bwd`` with dx only)."""
+    _check(dy, w, dx, m, "bwd_data")
+    bwd(dx.shape, dy, w, ph, pw, dx=dx, m=m, U=U)
+
+
+def bwd_filter(x, dy, ph, pw, dw, m=4):
+    """dw (M, C, r, r) = the weight gradient (``bwd`` with dw only, V transformed from x here)."""
+    _check(x, dw, dy, m, "bwd_filter")
+    bwd(x.shape, dy, dw, ph, pw, dw=dw, m=m, x=x)
