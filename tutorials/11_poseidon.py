@@ -113,8 +113,9 @@ show(fig, "11_cost_rule")
 # `cost.plan(net, P, host=None)` applies the rule to every layer: convolutions always use the
 # server (their gradient is not a sum of outer products of short vectors); each FC layer gets the
 # cheaper method. A run pays more than bytes, though: every SFB layer adds frames of its own (and
-# cuts the server's gradient bucket where it sits between two server layers), and every node
-# rebuilds its whole gradient with a GEMM over all nodes' factors. So the runtime's plan (the
+# cuts the server's gradient bucket where it sits between two server layers), every node
+# rebuilds its whole gradient with a GEMM over all nodes' factors, and the thread that serves the
+# syncs costs CPU per unit (the SFB layers get a thread of their own). So the runtime's plan (the
 # default `host`, this machine's measured costs) keeps an SFB layer only where the whole plan's
 # estimated time per iteration says it pays, and prints why; `--comm sfb|ps` still force either.
 

@@ -63,8 +63,12 @@ class HostCosts:
     together (linkcheck), a frame 79 us both ends in a LeNet training run (the median of the
     calls kept: the sender's and receiver's thread wake-ups on busy cores), the rebuild of
     LeNet's ip1 on 4 nodes (51 MFLOP) plus its update 0.59 ms (about 100 GFLOP/s and 50 GB/s of
-    update traffic, 20 bytes per parameter), and a sync started inside the backward (WFBP)
-    154 us of thread switches (0-369 us over three calls). Constants, not the file itself:
+    update traffic, 20 bytes per parameter), a sync started inside the backward (WFBP)
+    154 us of thread switches (0-369 us over three calls), and the thread that serves the
+    syncs (the shard's server thread; the SFB thread, a second one, where a plan has an SFB
+    layer) 189 us per unit it serves (waking it, the frame handler, the locks) and 381 us per
+    iteration of its own (LeNet's PS runs on loopback with 4 units and with 1, never a
+    validated run; their sum 539-570 us over three calls). Constants, not the file itself:
     every node must make the same plan (the runs require it), and an installed package has no
     benchmarks/ to read."""
 
@@ -73,19 +77,28 @@ class HostCosts:
     gemm_flops: float = 100e9
     update_bytes_per_s: float = 50e9
     wfbp_sync_cpu: float = 154e-6
+    unit_cpu: float = 189e-6  # the serving thread's CPU per sync unit beyond its kernels
+    thread_cpu: float = 381e-6  # a serving thread's own CPU per iteration, where it serves any unit
 
     @classmethod
     def from_calibration(cls, doc):
         """The costs a calibration document (benchmarks/poseidon_calibration.json) measured: the
         per-byte CPU of the emulated cluster's path, and the medians over its training-run calls
-        of a frame's and a WFBP sync's CPU; the GEMM and update rates stay the defaults."""
+        of a frame's, a WFBP sync's and the serving thread's CPU (per unit, per iteration); the
+        GEMM and update rates stay the defaults."""
         import statistics
 
         calls = doc.get("run_calls") or [doc["frame_run"]]
+
+        def med(key):
+            return statistics.median(c[key] for c in calls)
+
         return cls(
             cpu_per_byte=doc["tcp"]["cpu_s_per_byte"],
-            cpu_per_frame=statistics.median(c["cpu_s_per_frame"] for c in calls),
-            wfbp_sync_cpu=statistics.median(c["wfbp_cpu_s_per_sync"] for c in calls),
+            cpu_per_frame=med("cpu_s_per_frame"),
+            wfbp_sync_cpu=med("wfbp_cpu_s_per_sync"),
+            unit_cpu=med("unit_cpu_s"),
+            thread_cpu=med("thread_cpu_s"),
         )
 
 
@@ -322,9 +335,12 @@ def unit_times(costs, sfb, nodes, servers=None, bucket_bytes=DEFAULT_BUCKET_BYTE
     (their names), ``method``, ``bytes`` (sent + received), ``frames`` (sent + received),
     ``wire_s`` (the bytes each way over ``link_rate``), ``cpu_s`` (moving them: per byte and
     per frame, this node's half of both ends), ``work_s`` (the update's, and SFB's rebuild minus
-    the node's own dW GEMM that it skips) and ``seconds`` = max(wire, cpu) + work (moving bytes
-    takes at least its CPU). ``sfb``: the names of the layers synchronized by SFB; every other
-    one goes to the parameter server in gradient buckets (the runtime's ``plan_buckets``)."""
+    the node's own dW GEMM that it skips), ``serve_s`` (the serving thread's: ``host.unit_cpu``,
+    and ``host.thread_cpu`` on the first unit of each method, the shard's server thread and the
+    SFB thread being two threads, as the simulator charges them) and ``seconds`` = max(wire,
+    cpu) + work + serve (moving bytes takes at least its CPU). ``sfb``: the names of the layers
+    synchronized by SFB; every other one goes to the parameter server in gradient buckets (the
+    runtime's ``plan_buckets``)."""
     p1, p2 = int(nodes), int(servers or nodes)
     rate = link_rate or DEFAULT_LINK_RATE
     frames = 4 * (p1 - 1)
@@ -341,12 +357,16 @@ def unit_times(costs, sfb, nodes, servers=None, bucket_bytes=DEFAULT_BUCKET_BYTE
             units.append(
                 (layers, "ps", ps_floats(n, 1, p1, p2) * layers[0].itemsize, 20.0 * n / p2 / host.update_bytes_per_s)
             )
-    out = []
+    out, served = [], set()
     for layers, method, nbytes, work in units:
         f = frames if p1 > 1 else 0
         wire = nbytes / 2 / rate if p1 > 1 else 0.0
         cpu = nbytes / 2 * host.cpu_per_byte + f / 2 * host.cpu_per_frame if p1 > 1 else 0.0
         work = work if p1 > 1 or method == "ps" else 0.0
+        serve = 0.0
+        if p1 > 1:
+            serve = host.unit_cpu + (host.thread_cpu if method not in served else 0.0)
+            served.add(method)
         out.append(
             {
                 "layers": [c.name for c in layers],
@@ -356,7 +376,8 @@ def unit_times(costs, sfb, nodes, servers=None, bucket_bytes=DEFAULT_BUCKET_BYTE
                 "wire_s": wire,
                 "cpu_s": cpu,
                 "work_s": work,
-                "seconds": max(wire, cpu) + work,
+                "serve_s": serve,
+                "seconds": max(wire, cpu) + work + serve,
             }
         )
     return out
@@ -375,8 +396,8 @@ def choose(
     ``comm`` 'ps' or 'sfb' force the method (SFB where the layer allows it). 'hybrid': the
     rule's SFB layers are the candidates; of every subset of them (greedy flips past 12) the
     plan with the fewest estimated seconds per iteration (``unit_times``: wire, the CPU of
-    bytes and frames, buckets, the rebuild) wins, the rule's own pick on a tie. ``host=None``:
-    the byte rule alone."""
+    bytes and frames, buckets, the rebuild, the serving threads) wins, the rule's own pick on a
+    tie; ``why`` says by how much, term by term. ``host=None``: the byte rule alone."""
     if comm not in COMM_MODES:
         raise MinicaffeError(f"--comm must be one of {', '.join(COMM_MODES)}, got '{comm}'")
     p1, p2 = int(nodes), int(servers or nodes)
@@ -408,20 +429,35 @@ def choose(
                         trial = [x for x in best if x != name]
                         if t(trial) < t(best):
                             best, better = trial, True
+
+            def parts(chosen):  # seconds: moving the bytes (wire or CPU), update + rebuild, serving threads
+                units = unit_times(costs, set(chosen), p1, p2, bucket_bytes, link_rate, host)
+                moving = sum(max(u["wire_s"], u["cpu_s"]) for u in units)
+                return moving, sum(u["work_s"] for u in units), sum(u["serve_s"] for u in units)
+
             best_t = t(best)
             for c in costs:
                 if c.name not in cands:
                     continue
                 flipped = [x for x in best if x != c.name] if c.name in best else list(best) + [c.name]
                 other_t = t(flipped)
+                with_sfb, with_ps = (best, flipped) if c.name in best else (flipped, best)
+                d = [a - b for a, b in zip(parts(with_sfb), parts(with_ps))]
+                terms = (
+                    f"SFB: bytes + frames {1e3 * d[0]:+.2f}, update + rebuild {1e3 * d[1]:+.2f}, "
+                    f"serving threads {1e3 * d[2]:+.2f} ms"
+                )
                 if c.name in best:
                     c.choice = "sfb"
-                    c.why = f"byte rule SFB; plan with SFB {1e3 * best_t:.2f} ms <= PS {1e3 * other_t:.2f} ms/iteration"
+                    c.why = (
+                        f"byte rule SFB; plan with SFB {1e3 * best_t:.2f} ms <= PS {1e3 * other_t:.2f} ms/iteration "
+                        f"({terms})"
+                    )
                 else:
                     c.choice = "ps"
                     c.why = (
                         f"byte rule SFB, but SFB does not pay here: plan with PS {1e3 * best_t:.2f} ms < "
-                        f"SFB {1e3 * other_t:.2f} ms/iteration (frames, rebuild)"
+                        f"SFB {1e3 * other_t:.2f} ms/iteration ({terms})"
                     )
     for c in costs:
         c.floats = c.sfb_rule if c.choice == "sfb" else ps_floats(c.count, 1, p1, p2)
@@ -452,7 +488,7 @@ def wfbp_auto(
     if not units:
         return False, "auto: nothing to synchronize"
     wire = sum(u["wire_s"] for u in units)
-    cpu = sum(u["cpu_s"] + u["work_s"] for u in units)
+    cpu = sum(u["cpu_s"] + u["work_s"] + u["serve_s"] for u in units)
     last = units[-1]
     without = max(wire, cpu)
     if cores >= 2 * busy:
