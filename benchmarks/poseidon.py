@@ -991,6 +991,25 @@ def sfb_sync_cpu(calib, net, global_batch):
     return {name: statistics.median(xs) for name, xs in samples.items()}
 
 
+def outside_per_byte(calib):
+    """CPU seconds per byte a node moves that the machine spends outside the node processes'
+    clocks, from the calibration's byte runs (``calibrate_bytes``: the FC head, plain PS, 4 nodes
+    at 20 Gbit/s, never a validated run): per try, the cores x the period less the nodes' CPU
+    (both from the same marks), over the nodes' bytes; the median. benchmarks/poseidon_machine.py
+    shows what it is: the machine busy, not idle (softirq network work, not a node's thread).
+    0 where the calibration has no byte runs, or runs from before the period was kept."""
+    br = calib.get("byte_run") or {}
+    if br.get("path") != "veth + bridge + tc":
+        return 0.0
+    nodes, cores = BYTE_CALIBRATION[1], calib.get("cores") or os.cpu_count()
+    xs = [
+        max(cores * t["period_s"] - nodes * t["cpu_s"], 0.0) / (nodes * t["bytes"])
+        for t in br.get("tries", [])
+        if t.get("period_s") and t.get("bytes")
+    ]
+    return statistics.median(xs) if xs else 0.0
+
+
 def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=0, sfb=None):
     """The simulator's result (a ``simulate.Result``) for one run, from the calibration alone.
     ``sfb``: the layers the run synchronized by SFB (None: the simulator chooses as the runtime
@@ -1029,6 +1048,8 @@ def predicted(calib, net, nodes, link, comm, wfbp, topology, latency, bucket_kb=
             thread_cpu=k.get("thread_cpu_s", 0.0),
             drift=net_drift(calib, net),
             sfb_contention=net_sfb_contention(calib, net) or None,
+            # (the namespaces' kernel path; the limiter's runs on loopback are not measured)
+            outside_cpu_per_byte=outside_per_byte(calib) if topology == "star" else 0.0,
         )
     else:
         host = sim.Host(calib["cores"], per_byte, tcp["cpu_s_per_frame"])

@@ -236,6 +236,32 @@ def test_a_transport_limiter_costs_its_sender_cpu_per_frame_sent():
     assert host.transport_cpu(1e6, 24) == pytest.approx(0.5e-3 + 12 * 1e-4 + 12 * 3e-4)
 
 
+def test_the_kernels_work_outside_the_nodes_is_charged_per_byte():
+    # 1 MB sent + received: half the transport's per-byte cost is this node's, and all of the
+    # kernel's work outside the node processes for the bytes it moves
+    host = sim.Host(cores=2, tcp_cpu=1e-9, outside_cpu_per_byte=0.05e-9)
+    assert host.transport_cpu(1e6, 0) == pytest.approx(0.5e-3 + 0.05e-3)
+    # 4 nodes on 2 cores, CPU-bound: 3 MB per node (PS: 2 x 250,000 floats x 6/4) cost each node
+    # 150 us more CPU, and the four of them on two cores 300 us more per iteration
+    layers = chain((1e-3, 1e-3, 250_000))
+    plain = sim.simulate(layers, 4, FREE, "ps", wfbp=False, host=sim.Host(cores=2, tcp_cpu=1e-9), bucket_bytes=1 << 20)
+    more = sim.simulate(layers, 4, FREE, "ps", wfbp=False, host=host, bucket_bytes=1 << 20)
+    assert plain.bytes == more.bytes == pytest.approx(3e6)
+    assert more.cpu["transport"] - plain.cpu["transport"] == pytest.approx(150e-6)
+    assert more.period - plain.period == pytest.approx(300e-6)
+
+
+def test_the_outside_cost_comes_from_the_byte_runs_periods():
+    bench = _bench()
+    # 4 nodes on 2 cores: 2 x 0.70 s of the cores per iteration, the nodes' own CPU 4 x 0.31 s,
+    # 0.16 s outside them for 4 x 700 MB
+    tries = [{"period_s": p, "cpu_s": 0.31, "bytes": 700e6} for p in (0.70, 0.68, 0.74)]
+    calib = {"cores": 2, "byte_run": {"path": "veth + bridge + tc", "tries": tries}}
+    assert bench.outside_per_byte(calib) == pytest.approx((2 * 0.70 - 4 * 0.31) / (4 * 700e6))
+    assert bench.outside_per_byte({"cores": 2, "byte_run": {"path": "loopback", "tries": tries}}) == 0.0
+    assert bench.outside_per_byte({"cores": 2}) == 0.0
+
+
 def test_a_sync_overlapping_the_backward_shares_the_nodes_core():
     # 2 nodes on 2 cores: a node owns one core. With WFBP the top layer's sync (4 ms of CPU)
     # runs during the bottom layer's backward (10 ms): both lanes at half a core until the sync

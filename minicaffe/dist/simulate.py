@@ -152,6 +152,12 @@ class Host:
     # of what the model charges it alone (its kernels, ``unit_cpu`` per layer, ``thread_cpu``),
     # applied to all of that; None: its kernels slow as ``contention`` says
     sfb_contention: object = None
+    # CPU seconds per byte a node moves (sent + received) spent on the machine's cores outside
+    # every node process's clocks: the kernel's network work done in softirq context (veth,
+    # bridge, tc) rather than charged to a node's threads. Measured, where its time shows, in
+    # training runs that move hundreds of megabytes per iteration: the cores x the period less
+    # the nodes' own CPU, per byte (/proc/stat: nearly all of it busy, not idle)
+    outside_cpu_per_byte: float = 0.0
 
     @staticmethod
     def _at(value, nodes, default):
@@ -182,8 +188,10 @@ class Host:
     def transport_cpu(self, nbytes, frames):
         """CPU seconds one node spends moving ``nbytes`` (sent + received) in ``frames`` frames
         (sent + received): half of each byte's and frame's cost is the sender's, half the receiver's;
-        a limiter's, per frame sent, is the sender's alone."""
-        return nbytes / 2 * self.tcp_cpu + frames / 2 * (self.frame_cpu + self.limiter_frame_cpu)
+        a limiter's, per frame sent, is the sender's alone; the kernel's work outside the node
+        processes, per byte (``outside_cpu_per_byte``), is charged to the node that moves it."""
+        per_byte = self.tcp_cpu / 2 + self.outside_cpu_per_byte
+        return nbytes * per_byte + frames / 2 * (self.frame_cpu + self.limiter_frame_cpu)
 
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
