@@ -25,8 +25,9 @@ the predicted bytes printed below include it.
 The rule counts bytes only. A run pays more per sync unit than its bytes' time on the wire: the
 CPU of moving them (per byte and per frame, both ends), the frames of every unit (an SFB layer
 between two parameter-server layers cuts their gradient bucket in two, adding 4 (P - 1) frames),
-and SFB's replicated work (every node rebuilds the whole gradient with one GEMM over every
-node's factors and applies the whole update, where a PS shard updates 1/P of it). ``choose``
+SFB's replicated work (every node rebuilds the whole gradient with one GEMM over every node's
+factors and applies the whole update, where a PS shard updates 1/P of it), and the threads that
+serve the units (the shard's server thread; with an SFB layer, the SFB thread too). ``choose``
 keeps the rule as its core, the layers it sends by SFB are the only candidates, and keeps SFB
 for those of them where the whole plan's estimated seconds per iteration (``unit_times``, with
 ``HostCosts``) say it pays; ``wfbp_auto`` decides ``--wfbp auto`` from the same estimate. The
