@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minicaffe import proto
-from minicaffe.dist import cost
+from minicaffe.dist import cost, timeline
 from minicaffe.dist import frames as F
 from minicaffe.dist.poseidon import Poseidon
 from minicaffe.dist.ps import Node, plan_buckets
@@ -339,6 +339,27 @@ def test_sfb_layers_follow_any_rule(rule):
         assert_matches(s, want)
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"lr_policy": "step", "stepsize": 1, "gamma": 0.5},
+        {"lr_policy": "poly", "power": 2.0},
+    ],
+)
+def test_sfb_layers_follow_the_lr_policy(policy):
+    """The SFB layers' update (the fused SGD path) takes each iteration's rate from the Solver's
+    lr policy, as the shards do: a rate that halves every iteration (or falls to 0 by max_iter)
+    gives the parameters of one process only if every clock uses its own rate."""
+    iters = 4
+    ref = lenet_solver(iters, **policy)
+    ref.step(iters)
+    want = [p.data.copy() for p in ref.net.learnable_params]
+    solvers, nodes, pos = run(2, "sfb", True, iters=iters, **policy)
+    assert pos[0].fused_sgd
+    for s in solvers:
+        assert_matches(s, want)
+
+
 def test_sfb_replicas_skip_their_own_weight_gradient():
     """The rebuilt gradient replaces an SFB layer's own: the replicas do not compute it, the
     plain SGD rule takes the fused path, and the update writes the node's parameters in place."""
@@ -540,10 +561,11 @@ def test_the_timeline_shows_the_overlap_wfbp_buys(tmp_path):
     import importlib.util
     import os
 
-    runs = {}
+    runs, node_reports = {}, {}
     for wfbp in (False, True):
-        _, _, pos = run(2, "hybrid", wfbp, iters=5)
+        _, nodes, pos = run(2, "hybrid", wfbp, iters=5)
         runs[wfbp] = pos[0].report(5)["timeline"]
+        node_reports[wfbp] = {str(n.rank): n.report() for n in nodes}
     for wfbp, ev in runs.items():
         clock = 3  # (recorded: clocks 2 to 4 of 5)
         backward = {name: (a, b) for lane, name, a, b, c in ev if lane == "backward" and c == clock}
@@ -566,3 +588,14 @@ def test_the_timeline_shows_the_overlap_wfbp_buys(tmp_path):
     png = tmp_path / "timeline.png"
     assert bench.plot_timelines(results, "lenet|2|1gbit|hybrid|off", "lenet|2|1gbit|hybrid|on", str(png))
     assert png.stat().st_size > 10_000
+    # the train tool's picture (every node's threads) draws the SFB layer's traffic and rebuild too
+    for reports in node_reports.values():
+        for rank, rep in reports.items():
+            labels = {(lane, label) for lane, _a, _b, label in rep["timeline"]}
+            for lane, label in [("send", "FACTOR ip1/w u"), ("recv", "FACTOR ip1/w v"), ("server", "rebuild ip1")]:
+                assert (lane, label) in labels, (rank, lane, label)
+            assert ("send", "GRAD ip2") in labels and ("recv", "PARAM conv1+conv2") in labels
+            assert all(a <= b for _lane, a, b, _label in rep["timeline"])
+    assert timeline.layer_of("FACTOR ip1/w u") == "ip1" and timeline.layer_of("rebuild ip1") == "ip1"
+    path = timeline.plot_timeline(node_reports[True], str(tmp_path / "nodes.png"))
+    assert os.path.getsize(path) > 10_000

@@ -196,6 +196,33 @@ def test_cli_with_a_times_file(tmp_path, capsys):
     assert sim.main([]) == 1
 
 
+def test_cli_measures_a_net_and_saves_times_it_reads_back(tmp_path, capsys):
+    """--measure times the net with python -m minicaffe.time's loop; --save-times writes what
+    --times reads (to edit for another machine): the same layers give the same predictions."""
+    saved = tmp_path / "lenet_times.json"
+    args = ["--nodes", "1", "2", "4", "--bandwidth", "1gbit"]
+    assert sim.main(["lenet", "--measure", "--synthetic", "--save-times", str(saved), *args]) == 0
+    measured = capsys.readouterr().out
+    rows = json.loads(saved.read_text())["layers"]
+    by_name = {r["name"]: r for r in rows}
+    assert [r["name"] for r in rows][:2] == ["mnist", "conv1"] and "loss" in by_name
+    assert (by_name["ip1"]["m"], by_name["ip1"]["n"], by_name["ip1"]["k"], by_name["ip1"]["count"]) == (
+        500,
+        800,
+        64,
+        400_500,
+    )
+    assert by_name["conv2"]["count"] == 25_050 and "m" not in by_name["conv2"]
+    assert all(r["forward"] > 0 and r["backward"] >= 0 for r in rows)
+    assert sim.main(["--times", str(saved), *args]) == 0
+    again = capsys.readouterr().out
+    table = lambda out: [line for line in out.splitlines() if not line.startswith("wrote")]
+    assert table(again) == table(measured)
+    assert "one node:" in again and "speedup over one node, 1 Gbit/s" in again
+    assert sim.main(["--times", str(saved), "--save-times", str(tmp_path / "x.json")]) == 1
+    assert "--save-times writes what --measure measured" in capsys.readouterr().err
+
+
 def test_sync_units_are_the_runtimes_buckets():
     # layers: l0 PS (1000), l1 nothing, l2 PS (100), l3 SFB-able FC (5000), l4 PS (10)
     layers = chain((0, 0, 1000), (0, 0, 0), (0, 0, 100), (0, 0, 5000, (50, 100, 8)), (0, 0, 10))

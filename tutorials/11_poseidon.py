@@ -85,7 +85,13 @@ assert err < 1e-5 * max(1.0, float(np.abs(rebuilt).max()))
 # - sufficient factors: `SFB = 2 K (P1 - 1) (M + N)`: send u and v to every peer, receive theirs.
 #
 # PS stays near `4 M N` whatever P; SFB grows with P. So SFB wins on few nodes and loses on many.
-# For ip1 (M = 500, N = 800, K = 64):
+# LeNet's ip1 by hand (M = 500, N = 800, K = 64) on P = 4 nodes:
+#
+# - PS = 2 · 500 · 800 · (4 + 4 - 2) / 4 = 1,200,000 floats (4.6 MiB),
+# - SFB = 2 · 64 · (4 - 1) · (500 + 800) = 499,200 floats (1.9 MiB): SFB moves 2.4x fewer.
+#
+# SFB <= PS works out to `K P <= 2 M N / (M + N)` (the P - 1 cancels): 615 for ip1, so at K = 64
+# SFB wins up to P = 9. The code checks this and the other node counts:
 
 # %%
 M, N, K = 500, 800, 64
@@ -96,6 +102,31 @@ for P in (2, 8, 16):
     assert abs(ps - 4 * M * N * (P - 1) / P) < 1e-6 and sf == 2 * K * (P - 1) * (M + N)
 cross = next(P for P in range(2, 100) if cost.sfb_floats(K, M, N, P) > cost.ps_floats(M, N, P, P))
 print(f"SFB moves fewer floats up to P = {cross - 1}; from P = {cross} the parameter server wins")
+assert cost.ps_floats(M, N, 4, 4) == 1_200_000 and cost.sfb_floats(K, M, N, 4) == 499_200
+assert cross - 1 == int(2 * M * N / (M + N) / K) == 9
+
+# %% [markdown]
+# AlexNet's fc6 is the layer Poseidon was built for: M = 4096 outputs, N = 9216 inputs, Poseidon's
+# batch of K = 256 images per node. By hand, on P = 8 nodes:
+#
+# - PS = 2 · 4096 · 9216 · (8 + 8 - 2) / 8 = 132,120,576 floats (504 MiB per node per iteration),
+# - SFB = 2 · 256 · (8 - 1) · (4096 + 9216) = 47,710,208 floats (182 MiB): 2.8x fewer.
+#
+# The crossover is `K P <= 2 · 4096 · 9216 / 13312 = 5671`: at K = 256, SFB up to P = 22. A
+# layer this wide stays SFB on many more nodes than ip1, because its gradient (M N) grows with the
+# product of its sides and its factors (K (M + N)) only with their sum.
+
+# %%
+M6, N6, K6 = 4096, 9216, 256
+for P in (8, 22, 23, 32):
+    ps, sf = cost.ps_floats(M6, N6, P, P), cost.sfb_floats(K6, M6, N6, P)
+    print(
+        f"  fc6, P={P:2d}: PS {ps * 4 / 2**20:7.0f} MiB, SFB {sf * 4 / 2**20:7.0f} MiB -> {'SFB' if sf <= ps else 'PS'}"
+    )
+assert cost.ps_floats(M6, N6, 8, 8) == 132_120_576 and cost.sfb_floats(K6, M6, N6, 8) == 47_710_208
+assert int(2 * M6 * N6 / (M6 + N6) / K6) == 22
+assert cost.sfb_floats(K6, M6, N6, 22) <= cost.ps_floats(M6, N6, 22, 22)
+assert cost.sfb_floats(K6, M6, N6, 23) > cost.ps_floats(M6, N6, 23, 23)
 
 fig, ax = plt.subplots(figsize=(7, 3.4))
 for (m, n, label), c in zip(((500, 800, "ip1 500x800"), (10, 500, "ip2 10x500")), ("C0", "C1")):
@@ -198,7 +229,7 @@ from minicaffe.dist.poseidon import Poseidon
 from minicaffe.dist.ps import Node
 from minicaffe.dist.sockets import SocketTransport
 
-iters = 3 if QUICK else 10
+iters = 4 if QUICK else 10
 
 
 def solver():
@@ -214,41 +245,47 @@ def solver():
 
 one = solver()
 one.step(iters)
-solvers = [solver() for _ in range(2)]
-quiet = lambda m: None
-t0 = SocketTransport(0, 2, "127.0.0.1:0", SECRET, {"net": "lenet"}, 1 << 22, log=quiet)
-ts = [t0, SocketTransport(1, 2, f"127.0.0.1:{t0.address[1]}", SECRET, {"net": "lenet"}, 1 << 22, log=quiet)]
-forming = [threading.Thread(target=t.form) for t in ts]
-for th in forming:
-    th.start()
-for th in forming:
-    th.join(60)
-nodes = [Node(s, t, gradient_slots=2) for s, t in zip(solvers, ts)]
-pos = [Poseidon(n, "hybrid", True, log=quiet) for n in nodes]
-errors = {}
 
 
-def go(r):
-    s, node = solvers[r], nodes[r]
-    try:
-        node.attach_solver()
-        node.start()
-        s.step(iters)
-        node.reports = node.finish()
-    except BaseException as exc:  # noqa: BLE001  (re-raised below)
-        errors[r] = exc
-        node.abort()
-    finally:
-        pos[r].close()
+def train_on_sockets(wfbp):
+    """2 nodes in threads over loopback TCP, hybrid communication -> (solvers, poseidons)."""
+    solvers = [solver() for _ in range(2)]
+    quiet = lambda m: None
+    t0 = SocketTransport(0, 2, "127.0.0.1:0", SECRET, {"net": "lenet"}, 1 << 22, log=quiet)
+    ts = [t0, SocketTransport(1, 2, f"127.0.0.1:{t0.address[1]}", SECRET, {"net": "lenet"}, 1 << 22, log=quiet)]
+    forming = [threading.Thread(target=t.form) for t in ts]
+    for th in forming:
+        th.start()
+    for th in forming:
+        th.join(60)
+    nodes = [Node(s, t, gradient_slots=2) for s, t in zip(solvers, ts)]
+    pos = [Poseidon(n, "hybrid", wfbp, log=quiet) for n in nodes]
+    errors = {}
+
+    def go(r):
+        s, node = solvers[r], nodes[r]
+        try:
+            node.attach_solver()
+            node.start()
+            s.step(iters)
+            node.reports = node.finish()
+        except BaseException as exc:  # noqa: BLE001  (re-raised below)
+            errors[r] = exc
+            node.abort()
+        finally:
+            pos[r].close()
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(300)
+    if errors:
+        raise errors[min(errors)]
+    return solvers, pos
 
 
-threads = [threading.Thread(target=go, args=(r,)) for r in range(2)]
-for th in threads:
-    th.start()
-for th in threads:
-    th.join(300)
-if errors:
-    raise errors[min(errors)]
+solvers, pos = train_on_sockets(wfbp=True)
 for s in solvers:
     err = max(float(np.abs(a.data - b.data).max()) for a, b in zip(s.net.learnable_params, one.net.learnable_params))
     print(f"largest parameter difference from one process after {iters} iterations: {err:.1e}")
@@ -275,6 +312,45 @@ ax.set_ylabel("KiB per iteration, node 0")
 ax.legend(fontsize=8)
 ax.set_title("hybrid communication on 2 nodes: bytes per layer")
 show(fig, "11_bytes_measured")
+
+# %% [markdown]
+# ## The timeline, measured
+# Each node records what it did in a few iterations (`Poseidon.timeline`, from its 3rd on: each
+# layer's forward and backward, each sync from its start until its fresh parameters are in, and
+# how long the next forward waited for them). Train the same 2 nodes once more with WFBP off and
+# draw one iteration of node 0 from both runs, as the event model drew them above:
+
+# %%
+_, pos_off = train_on_sockets(wfbp=False)
+fig, axes = plt.subplots(2, 1, figsize=(10, 3.8), sharex=True)
+rows = {"forward": 2, "backward": 2, "wait": 1, "sync": 0}
+colors = {"conv1": "C0", "conv2": "C2", "ip1": "C3", "ip2": "C4"}
+for ax, (wfbp, p) in zip(axes, ((False, pos_off[0]), (True, pos[0]))):
+    ev = [e for e in p.timeline if e[0] in rows and e[4] == 2]  # iteration 2 (the 3rd)
+    t0 = min(a for _lane, _name, a, _b, _c in ev)
+    for lane, name, a, b, _c in ev:
+        color = "0.8" if lane == "wait" else colors.get(name, "0.6")
+        ax.barh(rows[lane], (b - a) * 1e3, left=(a - t0) * 1e3, color=color, edgecolor="k", lw=0.2)
+    ax.set_yticks([0, 1, 2], ["sync", "waiting", "compute"])
+    ax.set_title(f"measured: hybrid, 2 nodes on loopback, WFBP {'on' if wfbp else 'off'}: node 0", fontsize=9)
+    backward = {name: (a, b) for lane, name, a, b, _c in ev if lane == "backward"}
+    syncs = {name: (a, b) for lane, name, a, b, _c in ev if lane == "sync"}
+    end = max(b for _a, b in backward.values())
+    inside = sorted(name for name, (a, _b) in syncs.items() if a < end)
+    print(f"WFBP {'on ' if wfbp else 'off'}: syncs that start inside the backward: {inside or 'none'}")
+    if wfbp:  # ip1's factors leave while conv2's and conv1's backward still run
+        assert syncs["ip1"][0] < backward["conv1"][1]
+    else:
+        assert not inside
+axes[1].set_xlabel("ms from the iteration's first event (colours: conv1, conv2, ip1, ip2; grey: waiting)")
+fig.tight_layout()
+show(fig, "11_wfbp_measured")
+
+# %% [markdown]
+# On two nodes that share this machine's two cores the overlap is real but small: LeNet's
+# backward below ip1 is a few milliseconds and loopback is fast. `benchmarks/poseidon.py` draws
+# the same picture from an emulated cluster with shaped links, where the FC head's syncs take
+# hundreds of milliseconds (docs/POSEIDON.md).
 
 # %% [markdown]
 # ## Exercises

@@ -493,10 +493,14 @@ class Poseidon:
     def _apply(self, clock, l):
         t0, c0 = time.perf_counter(), time.thread_time()
         self._rebuild_and_update(clock, l)
+        t1 = time.perf_counter()
         with self.node.cv:
             busy = self.node.busy.setdefault("sfb", [0.0, 0.0])
-            busy[0] += time.perf_counter() - t0
+            busy[0] += t1 - t0
             busy[1] += time.thread_time() - c0
+            if self.node.recording(clock):  # the node's timeline picture: the server lane
+                origin = self.node.t_origin
+                self.node.timeline.append(("server", t0 - origin, t1 - origin, f"rebuild {self.sfb[l].name}"))
 
     def _rebuild_and_update(self, clock, l):
         s = self.sfb[l]

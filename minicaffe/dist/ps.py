@@ -639,16 +639,17 @@ class Node:
     def _now(self):
         return time.perf_counter() - self.t_origin
 
-    def _recording(self, clock):
+    def recording(self, clock):
         """The timeline covers ``timeline_clocks`` clocks from ``timeline_start`` on (the first
-        clocks compile kernels, test, and let the nodes fall into step)."""
+        clocks compile kernels, test, and let the nodes fall into step). An extension that runs
+        work of its own (Poseidon's SFB thread) records it in ``timeline`` in these clocks too."""
         return 0 <= clock - (self.iter0 or 0) - self.timeline_start < self.timeline_clocks
 
     def _layer_start(self, layer_index):
         self._t_layer = self._now()
 
     def _layer_end(self, label):
-        if self._recording(self.clock):
+        if self.recording(self.clock):
             self.timeline.append(("compute", self._t_layer, self._now(), label))
 
     # -- the server shard ----------------------------------------------------------------------
@@ -772,7 +773,7 @@ class Node:
         with self.cv:
             self.busy["server"][0] += self._now() - t0
             self.busy["server"][1] += time.thread_time() - c0
-        if self._recording(clock):
+        if self.recording(clock):
             buckets = list(buckets)
             what = self.bucket_name(buckets[0]) if len(buckets) == 1 else f"{len(buckets)} buckets"
             self.timeline.append(("server", t0, self._now(), f"update {what}"))
@@ -824,7 +825,7 @@ class Node:
                     self._count_gradient(clock, b)
             else:
                 self.transport.send(s, F.GRAD, b, clock, G[lo:hi])
-        if self._recording(clock):
+        if self.recording(clock):
             self.timeline.append(("compute", t, self._now(), f"push {self.bucket_name(b)}"))
 
     def wait_params(self, i, version):
@@ -853,7 +854,7 @@ class Node:
                 with self.cv:
                     busy = {name: list(v) for name, v in self.busy.items()}
                 self.cpu_marks.append((self.clock, t0 - self.t_origin, u, k, busy, self.gc_clock.seconds))
-            recording = self._recording(self.clock)
+            recording = self.recording(self.clock)
             self.transport.stats.recording = recording
             past = self.clock - self.iter0 >= self.timeline_start + self.timeline_clocks
             if past and self._hooks is not None:
@@ -1000,7 +1001,7 @@ class Node:
             solver.requested_stop = True
         self._point_solver_diffs(nxt)
         self.sync_time += time.perf_counter() - t0
-        if self._recording(c):
+        if self.recording(c):
             self.timeline.append(("compute", t0 - self.t_origin, self._now(), "wait for parameters"))
 
     def updater(self, solver, rate):

@@ -640,6 +640,23 @@ def layers_from_json(path):
     return out
 
 
+def save_times(layers, path):
+    """Write layers as ``--times`` reads them (milliseconds), to edit (for a GPU, say) and read back."""
+    rows = []
+    for lay in layers:
+        row = {"name": lay.name, "forward": lay.forward * 1e3, "backward": lay.backward * 1e3}
+        if lay.count:
+            row.update(count=lay.count, update=lay.update * 1e3)
+        if lay.m is not None:
+            row.update(m=lay.m, n=lay.n, k=lay.k)
+        rows.append(row)
+    try:
+        with open(path, "w") as f:
+            json.dump({"layers": rows}, f, indent=1)
+    except OSError as exc:
+        raise MinicaffeError(f"--save-times {path}: cannot write it: {exc}") from None
+
+
 def update_seconds_per_param():
     """Measured: seconds per parameter of the SGD momentum update the CPU backend runs."""
     import time
@@ -951,8 +968,15 @@ def build_parser():
     p.add_argument("model", nargs="?", help="a short name from nets/ or a prototxt (with --measure)")
     p.add_argument("--plan", action="store_true", help="AlexNet and VGG-16 on 1..32 GPU nodes, 10 and 40 Gbit/s")
     p.add_argument("--measure", action="store_true", help="time the model's layers on this machine first")
-    p.add_argument("--times", help="per-layer times from a JSON file instead (ms)")
-    p.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument(
+        "--times",
+        metavar="FILE",
+        help="per-layer times from a JSON file instead: a list of {name, forward, backward (ms per "
+        "iteration of one node); for a layer with parameters count (floats), update (ms); for an FC "
+        "layer m, n, k (its M x N weight, K rows per node)}, as --save-times writes it",
+    )
+    p.add_argument("--save-times", metavar="FILE", help="with --measure: write the measured layers there (for --times)")
+    p.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8], help="node counts (default 1 2 4 8)")
     p.add_argument("--bandwidth", nargs="+", default=["1gbit", "10gbit"], help="link rates, e.g. 1gbit 10gbit")
     p.add_argument("--latency", default="0.1ms", help="one-way latency (default 0.1ms)")
     p.add_argument("--cores", type=int, help="nodes share this many cores (compute slows by nodes / cores)")
@@ -980,8 +1004,15 @@ def main(argv=None):
             if args.synthetic:
                 param = with_synthetic_data(param, count=256)
             layers = layers_from_net(Net(param, "TRAIN"))
+            if args.save_times:
+                save_times(layers, args.save_times)
+                print(f"wrote the measured layers to {args.save_times} (read them back with --times)")
         else:
             raise MinicaffeError("give --plan, --times FILE, or a model with --measure")
+        if args.save_times and not args.measure:
+            raise MinicaffeError("--save-times writes what --measure measured: give a model with --measure")
+        one = sum(l.forward + l.backward + l.update for l in layers)
+        print(f"one node: {one * 1e3:.1f} ms per iteration (forward + backward + update, {len(layers)} layers)")
         panels = []
         for rate in args.bandwidth:
             link = Link(parse_rate(rate), parse_seconds(args.latency))

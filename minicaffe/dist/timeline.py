@@ -6,9 +6,10 @@ test, and let the nodes fall into step), and its start on the wall clock (``t_or
 nodes are drawn on one time axis:
 
     compute   each layer's forward and backward (from the Net's hooks), "wait for parameters"
-    send      each GRAD frame leaving (one per blob and shard), as the sender threads saw it
-    recv      each PARAM frame arriving
-    server    the shard's updates
+    send      each GRAD frame leaving (one per bucket and shard) and each FACTOR frame of an SFB
+              layer (u and v, one each per peer), as the sender threads saw it
+    recv      each frame of those kinds arriving (gradients at their shard, parameters, factors)
+    server    the shard's updates, and the SFB thread's rebuild + update of each SFB layer
 
 ``plot_timeline(reports, path)`` draws one row of lanes per node (layers coloured alike in
 every lane), so the overlap of computation and communication, or its absence, is visible.
@@ -26,7 +27,7 @@ def plot_timeline(reports, path, max_events=4000):
     ranks = sorted(reports, key=int)
     lanes = ["compute", "send", "recv", "server"]
     labels = sorted(
-        {_layer(e[3]) for r in ranks for e in reports[r].get("timeline", []) if _layer(e[3])},
+        {layer_of(e[3]) for r in ranks for e in reports[r].get("timeline", []) if layer_of(e[3])},
     )
     colors = {name: f"C{k % 10}" for k, name in enumerate(labels)}
     # align the nodes on the wall clock, starting at the first recorded event
@@ -41,7 +42,7 @@ def plot_timeline(reports, path, max_events=4000):
         for lane, t0, t1, label in events:
             t0, t1 = t0 + shift[r] - zero, t1 + shift[r] - zero
             y = lanes.index(lane) if lane in lanes else 0
-            name = _layer(label)
+            name = layer_of(label)
             color = colors.get(name, "0.6") if name else ("0.85" if "wait" in label else "0.6")
             width = max(t1 - t0, min_width)
             ax.barh(y, width * 1e3, left=t0 * 1e3, height=0.7, color=color, edgecolor="none")
@@ -54,7 +55,7 @@ def plot_timeline(reports, path, max_events=4000):
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     handles.append(plt.Rectangle((0, 0), 1, 1, color="0.85"))
     fig.legend(handles, list(colors) + ["waiting for parameters"], loc="upper right", fontsize=7, ncol=4)
-    fig.suptitle("compute vs communication per layer, first iterations")
+    fig.suptitle("compute vs communication per layer, first iterations", x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=90)
@@ -63,9 +64,9 @@ def plot_timeline(reports, path, max_events=4000):
     return path
 
 
-def _layer(label):
+def layer_of(label):
     """'forward conv1' / 'GRAD conv1/w' -> 'conv1'; other labels -> ''."""
     parts = label.split(" ")
-    if len(parts) >= 2 and parts[0] in ("forward", "backward", "GRAD", "PARAM", "push", "update"):
+    if len(parts) >= 2 and parts[0] in ("forward", "backward", "GRAD", "PARAM", "FACTOR", "push", "update", "rebuild"):
         return parts[1].split("/")[0]
     return ""

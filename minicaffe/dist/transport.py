@@ -191,6 +191,9 @@ class TokenBucket:
 
 
 # -- statistics -----------------------------------------------------------------------------------
+TIMELINE_KINDS = (F.GRAD, F.PARAM, F.FACTOR)  # the frames a timeline draws: gradients, parameters, factors
+
+
 class Stats:
     """Bytes (payload + header) per (direction, kind, key); thread-safe."""
 
@@ -208,12 +211,12 @@ class Stats:
 
     def on_send(self, kind, key, n, t0=None):
         self.add(self.sent, kind, key, n + F.HEADER_SIZE)
-        if self.recording and t0 is not None and kind in (F.GRAD, F.PARAM):
+        if self.recording and t0 is not None and kind in TIMELINE_KINDS:
             self.events.append(("send", t0, time.perf_counter(), kind, key))
 
     def on_receive(self, kind, key, n, t0=None):
         self.add(self.received, kind, key, n + F.HEADER_SIZE)
-        if self.recording and t0 is not None and kind in (F.GRAD, F.PARAM):
+        if self.recording and t0 is not None and kind in TIMELINE_KINDS:
             self.events.append(("recv", t0, time.perf_counter(), kind, key))
 
     def totals(self):
