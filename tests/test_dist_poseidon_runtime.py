@@ -493,6 +493,45 @@ def test_refusals():
     assert "FACTOR" in F.KIND_NAMES.values()
 
 
+@pytest.mark.parametrize("flags", [("--comm", "ps"), ("--wfbp", "on")])
+def test_nodes_started_with_different_poseidon_flags_refuse_each_other(monkeypatch, flags):
+    """Every node must plan the same way (the plan decides which frames travel): a node started
+    with another --comm or --wfbp is refused when the nodes meet, naming the setting."""
+    import argparse
+    import socket
+
+    from minicaffe.dist import launch
+    from minicaffe.dist.transport import DistError
+
+    monkeypatch.setenv("MINICAFFE_DIST_SECRET", "ab" * 32)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    base = ["--world-size", "2", "--rendezvous", f"127.0.0.1:{port}", "--connect-timeout", "20"]
+    argv = [["--rank", "0", *base], ["--rank", "1", *base, *flags]]
+    solver = lenet_solver(1)
+    errors, formed = {}, {}
+
+    def node(r):
+        try:
+            formed[r] = launch.make_transport(parser.parse_args(argv[r]), solver, log=lambda m: None)
+        except DistError as exc:
+            errors[r] = str(exc)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for t in formed.values():
+        t.shutdown()
+    assert errors, "the nodes formed a cluster with different settings"
+    text = " ".join(errors.values())
+    assert "communication differs" in text and " ".join(flags) in text, errors
+
+
 # -- the same algorithms over MPI ----------------------------------------------------------------
 MPI_CHECK = """
 import sys

@@ -55,14 +55,17 @@ def add_arguments(parser):
         "--comm",
         choices=("ps", "sfb", "hybrid"),
         default="hybrid",
-        help="per layer: parameter server, sufficient factors, or the cheaper by Poseidon's cost rule (default)",
+        help="per layer: parameter server, sufficient factors, or hybrid (default): Poseidon's cost rule "
+        "picks SFB or PS per fully connected layer, keeping SFB only where this run's costs say it pays "
+        "(the plan and its reasons are printed at start-up)",
     )
     g.add_argument(
         "--wfbp",
         choices=("on", "off", "auto"),
         default="auto",
-        help="wait-free backprop: sync each layer as soon as its backward is done (default auto: on, unless "
-        "this machine's nodes outnumber its cores, where nothing is left to overlap)",
+        help="wait-free backprop: sync each layer as soon as its backward is done (default auto: off where "
+        "this machine's nodes outnumber its cores, where nothing is left to overlap; else on where the sync "
+        "time it can hide outweighs the CPU its syncs cost; the choice and its reason are printed at start-up)",
     )
     g.add_argument(
         "--bucket-kb",
@@ -91,6 +94,14 @@ def planning_link_rate(args):
     its tc rate; set it on a real cluster), else None (cost.DEFAULT_LINK_RATE, 10 Gbit/s, assumed)."""
     text = getattr(args, "link", None) or os.environ.get("MINICAFFE_LINK_RATE")
     return parse_rate(text) if text else None
+
+
+def planning_link(args):
+    """The link the plan assumes, in words (for the settings every node must agree on)."""
+    from .cost import DEFAULT_LINK_RATE
+
+    rate = planning_link_rate(args)
+    return f"a link of {(rate or DEFAULT_LINK_RATE) * 8 / 1e9:g} Gbit/s{'' if rate else ' (assumed)'}"
 
 
 def wfbp_setting(args, world=2, costs=None, link_rate=None):
@@ -270,7 +281,7 @@ def make_transport(args, solver, log):
     # every node must agree (the buckets decide which frames travel)
     config["communication"] = (
         f"--comm {args.comm}, --wfbp {args.wfbp or 'auto'}, --bucket-kb {bucket_bytes(args) / 1024:g}, "
-        f"planned for a link of {planning_link_rate(args) or 'the assumed'} bytes/s"
+        f"planned for {planning_link(args)}"
     )
     link = None
     if args.link:
@@ -435,7 +446,7 @@ def train(solver, args, log, out_dir=None):
     mine = reports[rank]
     log(
         f"node {rank}: {mine['iterations']} iterations, {mine['bytes_per_iter'] / 1e6:.3f} MB/iteration "
-        f"(sent + received), compute {mine['compute_s']:.2f} s, sync {mine['sync_s']:.2f} s "
+        f"(sent + received, the start-up's included), compute {mine['compute_s']:.2f} s, sync {mine['sync_s']:.2f} s "
         f"(waiting for parameters {mine['wait_s']:.2f} s), garbage collector {mine['gc_s']:.3f} s"
     )
     for name, s in mine["layers"].items():
