@@ -1227,14 +1227,15 @@ def plot_throughput(results, path):
     plt.close(fig)
 
 
-def plot_timelines(results, key_off, key_on, path):
-    """Node 0's per-layer compute and communication, WFBP off above, on below."""
+def plot_timelines(results, keys, path):
+    """Node 0's per-layer compute and communication, a panel per run of ``keys`` (the report's:
+    plain PS, hybrid without WFBP, hybrid with it: what each idea changes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [(k, results[k]) for k in (key_off, key_on) if k in results and "timeline" in results[k]]
+    runs = [(k, results[k]) for k in keys if k in results and "timeline" in results[k]]
     if not runs:
         return False
     names = []
@@ -1451,9 +1452,8 @@ def main(argv=None):
         if keys:
             _, nodes, link, _, _ = sorted(keys)[-1].split("|")
             stem = "|".join([net, nodes, link])
-            plot_timelines(
-                results, stem + "|ps|off", stem + "|hybrid|on", f"{base}_timeline_{net.replace('@', '_b')}.png"
-            )
+            modes = ("|ps|off", "|hybrid|off", "|hybrid|on")
+            plot_timelines(results, [stem + m for m in modes], f"{base}_timeline_{net.replace('@', '_b')}.png")
     if not args.report:
         with open(args.out, "w") as f:
             json.dump({"results": slim(results)}, f)

@@ -625,7 +625,7 @@ def test_the_timeline_shows_the_overlap_wfbp_buys(tmp_path):
         "lenet|2|1gbit|hybrid|on": {"timeline": runs[True]},
     }
     png = tmp_path / "timeline.png"
-    assert bench.plot_timelines(results, "lenet|2|1gbit|hybrid|off", "lenet|2|1gbit|hybrid|on", str(png))
+    assert bench.plot_timelines(results, ["lenet|2|1gbit|hybrid|off", "lenet|2|1gbit|hybrid|on"], str(png))
     assert png.stat().st_size > 10_000
     # the train tool's picture (every node's threads) draws the SFB layer's traffic and rebuild too
     for reports in node_reports.values():
