@@ -224,3 +224,25 @@ def test_contrastive_loss_errors(backend):
         run('type: "ContrastiveLoss"', backend, [np.zeros((2, 3, 1, 1)), np.zeros((2, 4, 1, 1)), np.zeros(2)])
     with pytest.raises(LayerError, match="similarity labels"):
         run('type: "ContrastiveLoss"', backend, [np.zeros((2, 3, 1, 1)), np.zeros((2, 3, 1, 1)), np.zeros(3)])
+
+
+def test_softmax_loss_follows_a_new_batch_shape(backend, rng):
+    """reshape keeps what it worked out while the shapes stay (the net reshapes before every
+    forward) and works it out again when the batch changes."""
+    text = 'type: "SoftmaxWithLoss"'
+    x = rng.standard_normal((4, 3))
+    labels = rng.integers(0, 3, 4).astype(float)
+    layer, bottoms, tops, (loss,) = run(text, backend, [x, labels])
+    for n in (4, 6, 2):
+        x = rng.standard_normal((n, 3))
+        labels = rng.integers(0, 3, n).astype(float)
+        bottoms[0].reshape((n, 3))
+        bottoms[1].reshape((n,))
+        bottoms[0].data = x
+        bottoms[1].data = labels
+        layer.reshape(bottoms, tops)
+        layer.forward(bottoms, tops)
+        assert layer.prob.shape == (n, 3) and layer.outer == n
+        np.testing.assert_allclose(
+            float(host(backend, tops[0].data)), softmax_loss_ref(x, labels, 1, None, "VALID"), rtol=1e-12
+        )

@@ -399,3 +399,22 @@ def test_pycaffe_io_helpers(rng):
     np.testing.assert_allclose(t.deprocess("data", x), image, rtol=1e-5, atol=1e-6)
     with pytest.raises(MinicaffeError, match="'dta' is not one of its inputs"):
         t.preprocess("dta", image)
+
+
+def test_a_blob_reshaped_to_its_own_shape_keeps_its_arrays():
+    """A net reshapes every layer before every forward: a blob whose shape does not change keeps
+    its views (no new array per access) and contents; a new shape gives new views."""
+    from minicaffe.blob import Blob
+
+    b = Blob((2, 3, 4))
+    b.data[...] = np.arange(24).reshape(2, 3, 4)
+    data, diff, flat = b.dev_data, b.dev_diff, b.dev_flat_data
+    b.reshape((2, 3, 4))
+    b.reshape(2, 3, 4)
+    assert b.dev_data is data and b.dev_diff is diff and b.data is data
+    np.testing.assert_array_equal(b.data, np.arange(24).reshape(2, 3, 4))
+    assert b.dev_flat_data.base is flat.base
+    b.reshape((6, 4))
+    assert b.dev_data.shape == (6, 4) and b.dev_data is not data
+    b.reshape((2, 3, 4))
+    assert b.dev_data.shape == (2, 3, 4) and b.count == 24

@@ -48,9 +48,12 @@ class SoftmaxWithLoss(Layer):
         # [loss sum, count, first bad label position or inf, normalizer], on the device
         self.status = self.xp.zeros(4, dtype=np.float64)
         self._label_blob = None
+        self._shaped = None  # (scores shape, labels shape) of the last reshape: nothing to redo
 
     def reshape(self, bottom, top):
         x, label = bottom
+        if self._shaped == (x.shape, label.shape):
+            return  # as the last call left it (the net reshapes before every forward)
         self.axis = axis_index(self, x, self.param.softmax_param.axis)
         self.outer = count(x.shape, 0, self.axis)
         self.inner = count(x.shape, self.axis + 1)
@@ -65,6 +68,7 @@ class SoftmaxWithLoss(Layer):
         top[0].reshape(())
         if len(top) > 1:
             top[1].reshape(x.shape)
+        self._shaped = (x.shape, label.shape)
 
     def _labels(self, label_blob):
         return label_blob.dev_data.reshape(self.outer, self.inner)
