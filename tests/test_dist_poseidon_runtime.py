@@ -339,17 +339,28 @@ def test_sfb_layers_follow_any_rule(rule):
         assert_matches(s, want)
 
 
+def lenet_with_multipliers(lr_mult, decay_mult):
+    """LeNet's training net (synthetic digits) with ip1's weight at its own lr_mult and decay_mult."""
+    netp = with_synthetic_data(proto.parse_file(resolve_net("lenet", "train_test"), "NetParameter"), 512)
+    ip1 = next(layer for layer in netp.layer if layer.name == "ip1")
+    ip1.param[0].lr_mult, ip1.param[0].decay_mult = lr_mult, decay_mult
+    return netp
+
+
 @pytest.mark.parametrize(
     "policy",
     [
         {"lr_policy": "step", "stepsize": 1, "gamma": 0.5},
         {"lr_policy": "poly", "power": 2.0},
+        {"weight_decay": 0.05, "net_param": lenet_with_multipliers(3.0, 0.5)},
     ],
+    ids=["step", "poly", "multipliers"],
 )
 def test_sfb_layers_follow_the_lr_policy(policy):
     """The SFB layers' update (the fused SGD path) takes each iteration's rate from the Solver's
     lr policy, as the shards do: a rate that halves every iteration (or falls to 0 by max_iter)
-    gives the parameters of one process only if every clock uses its own rate."""
+    gives the parameters of one process only if every clock uses its own rate; and the layer's
+    own lr_mult and decay_mult (ip1's weight: x3 and x0.5, under a decay large enough to show)."""
     iters = 4
     ref = lenet_solver(iters, **policy)
     ref.step(iters)
