@@ -328,6 +328,23 @@ def test_hybrid_keeps_the_byte_rule_where_sfb_pays_and_ps_where_it_does_not():
     assert "rule choice" in text and "does not pay" in text
 
 
+@pytest.mark.parametrize("nodes", [2, 4])
+@pytest.mark.parametrize("gbit", [1, 10])
+def test_cifar10_quick_runs_plain_ps_code_in_every_hybrid_mode_of_the_grid(nodes, gbit):
+    """What the docs say of the grid's CIFAR-10 quick rows: in each of its four groups the hybrid
+    plan sends every layer by PS in one gradient bucket, so WFBP starts nothing inside the
+    backward (the runtime then runs plain PS's schedule) and --wfbp auto says off: every hybrid
+    mode there is plain PS's code, and their ratios to PS are the spread of identical runs."""
+    rate = gbit * 1e9 / 8
+    costs = cost.choose(cifar10_quick_costs(k=100 // nodes), nodes, link_rate=rate)
+    assert [c.choice for c in costs] == ["ps"] * len(costs)
+    units = cost.sync_units(costs, set())
+    assert len(units) == 1
+    assert cost.starts_in_backward([[c.index for c in layers] for layers, _, _ in units]) == [False]
+    assert cost.wfbp_gradient_slots(costs, 0) is None  # one gradient slot, as plain PS
+    assert cost.wfbp_auto(costs, nodes, busy=nodes, cores=2, link_rate=rate)[0] is False
+
+
 def test_the_plan_charges_the_threads_that_serve_the_syncs():
     """CIFAR-10 quick on 2 nodes at 1 Gbit/s (K = 50): the byte rule picks SFB for ip1 (108,800
     <= 131,072 floats), and an estimate of bytes, frames and the rebuild alone called that a near
