@@ -75,6 +75,8 @@ __all__ = [
     "bwd_data",
     "bwd_filter",
     "tiles_size",
+    "Workspace",
+    "block_products_size",
     "reference",
     "roundings",
     "POINTS",
@@ -162,6 +164,7 @@ def _sparse(m, r, dtype):
         "A": _rows_of(AT.T, dtype),
         "B": _rows_of(BT.T, dtype),
         "GG": np.kron(G, G),
+        "GG_" + np.dtype(dtype).name: np.kron(G, G).astype(dtype),
     }
 
 
@@ -213,7 +216,7 @@ def roundings(C, M, tiles, m, r):
 def supported(kh, kw, sh, sw, dh, dw, m=4):
     """Whether F(m x m, kh x kw) applies: a square kernel with a derived transform, stride 1 and
     no dilation (the engine falls back to im2col + GEMM otherwise)."""
-    return kh == kw >= 3 and (sh, sw, dh, dw) == (1, 1, 1, 1) and (m + kh - 1) in POINTS
+    return kh == kw and kh in (3, 5) and (sh, sw, dh, dw) == (1, 1, 1, 1) and (m + kh - 1) in POINTS
 
 
 def tile_for(r):
@@ -345,27 +348,58 @@ def _products(U, V, Mx, trans_u):
             _gemm.gemm(trans_u, False, 1.0, U[xi], V[xi], 0.0, Mx[xi])
 
 
-def _padded(x, Hq, Wq, ph, pw):
+class Workspace:
+    """Grow-only buffers for a kernel call's temporaries (tile blocks, padded copies, tile
+    origins), kept by a caller across calls (the Convolution layer keeps one per lane): after
+    the first call of a shape no call allocates.  Without one, each call makes its own."""
+
+    def __init__(self):
+        self._bufs = {}
+
+    def provide(self, name, flat):
+        """Use the caller's flat array for buffer ``name`` (the layer's planned GEMM output)."""
+        self._bufs[name] = flat
+
+    def get(self, name, shape, dtype):
+        n = int(np.prod(shape))
+        b = self._bufs.get(name)
+        if b is None or b.size < n or b.dtype != dtype:
+            b = self._bufs[name] = np.empty(n, dtype)
+        return b[:n].reshape(shape)
+
+
+def _padded(x, Hq, Wq, ph, pw, ws=None, name="pad"):
     """x (N, C, H, W) placed at (ph, pw) in a zeroed (N, C, Hq, Wq) array, cut at its far edges
     (x itself when nothing moves)."""
     N, C, H, W = x.shape
-    if (ph, pw, Hq, Wq) == (0, 0, H, W):
-        return np.ascontiguousarray(x)
-    xq = np.zeros((N, C, Hq, Wq), x.dtype)
+    if (ph, pw, Hq, Wq) == (0, 0, H, W) and x.flags.c_contiguous:
+        return x
+    if ws is None:
+        xq = np.zeros((N, C, Hq, Wq), x.dtype)
+    else:
+        xq = ws.get(name, (N, C, Hq, Wq), x.dtype)
+        xq[...] = 0
     h, w = min(H, Hq - ph), min(W, Wq - pw)
     xq[:, :, ph : ph + h, pw : pw + w] = x[:, :, :h, :w]
     return xq
 
 
-def _blocks(N, th, tw, C_in, C_out, a, m, dt):
+def block_products_size(x_shape, w_shape, ph, pw, m=4):
+    """Values of the largest Mx block (alpha^2 x channels x tiles) ``fwd`` or ``bwd`` uses, the
+    one big temporary (a caller may ``provide`` it to the Workspace as "Mx")."""
+    N, C, H, W = x_shape
+    M, _, r, _ = w_shape
+    th, tw, _, _ = _geometry(N, H + 2 * ph - r + 1, W + 2 * pw - r + 1, m, r)
+    return (m + r - 1) ** 2 * max(C, M) * min(N * th * tw, TILE_BLOCK)
+
+
+def _blocks(ws, N, th, tw, C_in, C_out, a, dt):
     """Tile count, block size and each block's buffers (D, E, V, Mx, Z, O, sized for the widest
     of the forward's and the data gradient's uses)."""
     T = N * th * tw
     L = min(T, TILE_BLOCK)
-    bufs = [np.empty(a * a * L, dt), np.empty(a * a * L, dt)]  # D, E
-    bufs += [np.empty(a * a * C_in * L, dt), np.empty(a * a * C_out * L, dt)]  # V, Mx
-    bufs += [np.empty(a * a * L, dt), np.empty(a * a * L, dt)]  # Z, O
-    return T, L, bufs
+    sizes = (a * a * L, a * a * L, a * a * C_in * L, a * a * C_out * L, a * a * L, a * a * L)
+    return T, L, [ws.get(name, n, dt) for name, n in zip(("D", "E", "V", "Mx", "Z", "O"), sizes)]
 
 
 def _geometry(N, OH, OW, m, r):
@@ -373,12 +407,12 @@ def _geometry(N, OH, OW, m, r):
     return th, tw, (th - 1) * m + m + r - 1, (tw - 1) * m + m + r - 1  # tiles, what they read
 
 
-def filters(w, m):
+def filters(w, m, out=None):
     """U (alpha^2, M, C) = G w G^T for every (output, input) channel pair, by one GEMM in the
-    filters' dtype from the float64 G kron G."""
+    filters' dtype from G kron G (into ``out`` if given)."""
     M, C, r, _ = w.shape
-    kron = _sparse(m, r, np.dtype(w.dtype))["GG"].astype(w.dtype)
-    U = np.empty(((m + r - 1) ** 2, M, C), w.dtype)
+    kron = _sparse(m, r, np.dtype(w.dtype))["GG_" + np.dtype(w.dtype).name]
+    U = np.empty(((m + r - 1) ** 2, M, C), w.dtype) if out is None else out.reshape((m + r - 1) ** 2, M, C)
     _gemm.gemm(False, True, 1.0, kron, np.ascontiguousarray(w).reshape(M * C, r * r), 0.0, U.reshape(-1, M * C))
     return U
 
@@ -393,11 +427,12 @@ def _check(x, w, y, m, what):
         raise ValueError(f"winograd.{what}: mixed dtypes {x.dtype}, {w.dtype}, {y.dtype}")
 
 
-def fwd(x, w, bias, ph, pw, y, m=4, U=None, keep=None):
+def fwd(x, w, bias, ph, pw, y, m=4, U=None, keep=None, ws=None):
     """y (N, M, OH, OW) = conv(x, w) + bias at stride 1, by F(m x m, r x r).  U: the filters
     already transformed (``filters(w, m)``), if the caller keeps them; keep: a buffer of
     ``tiles_size(x.shape, w.shape, ph, pw, m)`` values that receives every block's transformed
-    input V, which ``bwd`` reads for the weight gradient (as im2col's columns are kept)."""
+    input V, which ``bwd`` reads for the weight gradient (as im2col's columns are kept); ws: a
+    ``Workspace`` for the temporaries."""
     _check(x, w, y, m, "fwd")
     N, C, H, W = x.shape
     M, _, r, _ = w.shape
@@ -408,11 +443,12 @@ def fwd(x, w, bias, ph, pw, y, m=4, U=None, keep=None):
     tr = _sparse(m, r, np.dtype(x.dtype))
     U = filters(w, m) if U is None else U
     th, tw, Hq, Wq = _geometry(N, OH, OW, m, r)
-    xq = _padded(x, Hq, Wq, ph, pw)
+    ws = Workspace() if ws is None else ws
+    xq = _padded(x, Hq, Wq, ph, pw, ws)
     exact = (OH, OW) == (th * m, tw * m) and y.flags.c_contiguous
-    yq = y if exact else np.empty((N, M, th * m, tw * m), y.dtype)
-    T, L, (D, E, V, Mx, Z, O) = _blocks(N, th, tw, C, M, a, m, x.dtype)
-    org_in, org_out = np.empty(T, np.uint64), np.empty(T, np.uint64)
+    yq = y if exact else ws.get("out", (N, M, th * m, tw * m), y.dtype)
+    T, L, (D, E, V, Mx, Z, O) = _blocks(ws, N, th, tw, C, M, a, x.dtype)
+    org_in, org_out = ws.get("org_in", T, np.uint64), ws.get("org_out", T, np.uint64)
     _origins(N, C, th, tw, m, Hq, Wq, org_in)
     _origins(N, M, th, tw, m, th * m, tw * m, org_out)
     xf, yf = xq.reshape(-1), yq.reshape(-1)
@@ -435,14 +471,14 @@ def tiles_size(x_shape, w_shape, ph, pw, m=4):
     return (m + r - 1) ** 2 * C * N * th * tw
 
 
-def bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m=4, U=None, kept=None, x=None):
+def bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m=4, U=None, kept=None, x=None, beta=0.0, ws=None):
     """The two gradients of the stride-1 convolution ``fwd`` computes, its steps transposed and
     run backwards, from one transform of dy.  Each m x m tile of dy is transformed by A on both
     axes (Y = A dy A^T, alpha x alpha); then
       dx (N, C, H, W), if given, OVERWRITTEN: per xi, U[xi]^T @ Y[xi] over the output
          channels, transformed by B (B . B^T) and added into the alpha x alpha input tile it came
          from (neighbouring tiles overlap by r - 1);
-      dw (M, C, r, r), if given, OVERWRITTEN: per xi, dU[xi] = Y[xi] @ V[xi]^T summed over the
+      dw (M, C, r, r), if given (OVERWRITTEN, or with ``beta`` 1 accumulated into): per xi, dU[xi] = Y[xi] @ V[xi]^T summed over the
          tiles (V: the forward's transformed input, ``kept`` by fwd, else transformed from x
          here), then dw = G^T dU G (one GEMM with G kron G transposed)."""
     N, C, H, W = x_shape
@@ -455,22 +491,23 @@ def bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m=4, U=None, kept=None, x=None
     dt = dy.dtype
     tr = _sparse(m, r, np.dtype(dt))
     th, tw, Hq, Wq = _geometry(N, OH, OW, m, r)
-    T, L, (D, E, Y, Mx, Z, O) = _blocks(N, th, tw, M, max(C, M), a, m, dt)
-    org_dy, org_x = np.empty(T, np.uint64), np.empty(T, np.uint64)
+    ws = Workspace() if ws is None else ws
+    T, L, (D, E, Y, Mx, Z, O) = _blocks(ws, N, th, tw, M, max(C, M), a, dt)
+    org_dy, org_x = ws.get("org_in", T, np.uint64), ws.get("org_out", T, np.uint64)
     _origins(N, M, th, tw, m, th * m, tw * m, org_dy)
     _origins(N, C, th, tw, m, Hq, Wq, org_x)
-    yf = _padded(dy, th * m, tw * m, 0, 0).reshape(-1)
+    yf = _padded(dy, th * m, tw * m, 0, 0, ws, "pad_dy").reshape(-1)
     if dx is not None:
         U = filters(w, m) if U is None else U
         exact = (ph, pw, Hq, Wq) == (0, 0, H, W) and dx.flags.c_contiguous
-        dxq = dx if exact else np.empty((N, C, Hq, Wq), dt)
+        dxq = dx if exact else ws.get("out", (N, C, Hq, Wq), dt)
         dxq[...] = 0
         xf = dxq.reshape(-1)
     if dw is not None:
-        dU = np.empty((a * a, M, C), dt)
+        dU = ws.get("dU", (a * a, M, C), dt)
         if kept is None:
-            xin = _padded(x, Hq, Wq, ph, pw).reshape(-1)
-            V = np.empty(a * a * C * L, dt)
+            xin = _padded(x, Hq, Wq, ph, pw, ws).reshape(-1)
+            V = ws.get("V_x", a * a * C * L, dt)
     for t0 in range(0, T, L):
         n = min(L, T - t0)
         Yb = Y[: a * a * M * n]
@@ -490,8 +527,8 @@ def bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m=4, U=None, kept=None, x=None
     if dx is not None and not exact:
         dx[...] = dxq[:, :, ph : ph + H, pw : pw + W]
     if dw is not None:
-        GG = tr["GG"].astype(dt)  # dw (r^2, M*C) = (G kron G)^T @ dU (alpha^2, M*C), written transposed
-        _gemm.gemm(True, False, 1.0, dU.reshape(a * a, M * C), GG, 0.0, dw.reshape(M * C, r * r))
+        GG = tr["GG_" + np.dtype(dt).name]  # dw (r^2, M*C) = (G kron G)^T @ dU (alpha^2, M*C), written transposed
+        _gemm.gemm(True, False, 1.0, dU.reshape(a * a, M * C), GG, beta, dw.reshape(M * C, r * r))
 
 
 def bwd_data(dy, w, ph, pw, dx, m=4, U=None):

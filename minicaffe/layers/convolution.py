@@ -1,4 +1,5 @@
-"""Convolution: im2col + one GEMM per group over the whole batch (Caffe's ConvolutionLayer).
+"""Convolution: im2col + one GEMM per group over the whole batch (Caffe's ConvolutionLayer), or
+Winograd's minimal filtering where it applies (see "Winograd's route" below).
 
 Shapes (2 spatial axes; N images, C input channels, M = num_output, G = group)::
 
@@ -32,6 +33,17 @@ the same bottoms, Caffe's contract; a key records which bottom and chunk the buf
 exceed ``COL_LIMIT`` elements is processed in chunks of images (AlexNet's conv1 at batch 256
 would otherwise need a 1 GB buffer).
 
+Winograd's route (``winograd_rule``; kernels/winograd.py).  With ``engine: DEFAULT`` (the
+default), on the host, a stride-1 undilated 3x3 or 5x5 convolution without groups and with at
+least WINOGRAD_MIN_CHANNELS input and output channels runs F(4x4, r x r): input tiles and
+filters transformed, (4 + r - 1)^2 GEMMs over the channels, the outputs transformed back; its
+backward transforms dy once for both gradients and reads the forward's transformed input (kept
+in the column buffer, as im2col's columns are) for dW.  On LeNet's conv2 that is 0.43x the
+im2col route's time per lane, forward + backward (docs/KERNELS.md, "Winograd").  Its float32
+results are not the im2col route's bits: they are within 2e-5 of the largest |value| of it
+(measured 4e-6 to 1.3e-5 on LeNet's and CIFAR-10 quick's layers; direct float32 sums: 2e-7 to
+6e-7); float64 results agree to ~1e-12.  ``engine: CAFFE`` keeps im2col + GEMM.
+
 Speed notes (LeNet TRAIN, batch 64, one thread): the GEMMs run on BLAS; the top's (N, M, P)
 layout differs from the GEMM's (M, N*P), so forward adds the bias while transposing (one pass)
 and backward transposes the top diff once (M*N*P values, ~0.1 ms on conv2).  One GEMM per group
@@ -39,12 +51,33 @@ over the whole chunk beats one GEMM per image writing straight into the top (few
 calls).  No bottom diff is computed where the Net says none is needed (the first conv).
 """
 
+from kernels import winograd as _winograd
+
 from ..layer import Layer, Scratch, register
 from ..parallel import lanes
 from ._common import WorkBuffer, add_lane_gradients, fill_blob, grouped_gemm, has, shape_str, spatial_geometry
 
 #: most elements a column buffer may hold before the batch is split into chunks of images
 COL_LIMIT = 1 << 25
+
+#: fewest input and output channels for the Winograd route (the rule in ``winograd_rule``)
+WINOGRAD_MIN_CHANNELS = 16
+
+
+def winograd_rule(engine, host, group, channels, num_output, kh, kw, sh, sw, dh, dw):
+    """Whether a convolution runs Winograd's F(4x4, r x r) (kernels/winograd.py) rather than
+    im2col + GEMM: ``engine`` DEFAULT (CAFFE keeps Caffe's im2col route), on the host, no groups,
+    a square 3x3 or 5x5 kernel at stride 1 without dilation, and at least
+    WINOGRAD_MIN_CHANNELS input and output channels: its GEMMs run over the input channels,
+    so with few of them the tile transforms are the work (LeNet's conv1, one channel, has its
+    own direct kernel)."""
+    return (
+        engine == "DEFAULT"
+        and host
+        and group == 1
+        and min(channels, num_output) >= WINOGRAD_MIN_CHANNELS
+        and _winograd.supported(kh, kw, sh, sw, dh, dw, _winograd.tile_for(kh))
+    )
 
 
 class _ConvBase(Layer):
@@ -110,6 +143,9 @@ class _ConvBase(Layer):
         self._lanes_reuse = False  # backward_images: the lanes' columns are forward's (prepare_lanes)
         self._direct = False
         self._rows = False
+        self._wino = False  # Winograd's route (winograd_rule); then _col holds the transformed input
+        self._U = None  # the transformed filters, made on the calling thread before the lanes run
+        self._wino_ws = []  # one winograd.Workspace per lane: its temporaries, kept
         self._nobias = self.xp.empty(0, self.dtype)  # "no bias" for the backend's direct kernels
 
     def check_bottoms(self, bottom):
@@ -145,6 +181,12 @@ class Convolution(_ConvBase):
     def weight_shape(self):
         return (self.num_output, self.channels // self.group, self.kh, self.kw)
 
+    @property
+    def route(self):
+        """How the last reshape chose to compute: "winograd", "direct" (the backend's kernel for
+        few input taps) or "im2col" (im2col + GEMM, Caffe's)."""
+        return "winograd" if self._wino else "direct" if self._direct else "im2col"
+
     def reshape(self, bottom, top):
         self.check_bottoms(bottom)
         n, c, h, w = bottom[0].shape
@@ -166,6 +208,11 @@ class Convolution(_ConvBase):
         # conv2 (docs/KERNELS.md), and the backend's col2im takes it when handed rows.T.  A GPU
         # backend keeps Caffe's layout, as do grouped and 1x1 convolutions.
         self._rows = self.backend.host_lanes and self.group == 1 and not self._pointwise and not self._direct
+        self._wino = not self._direct and winograd_rule(
+            self.param.convolution_param.engine, self.backend.host_lanes, self.group, self.channels,
+            self.num_output, self.kh, self.kw, self.sh, self.sw, self.dh, self.dw,
+        )  # fmt: skip
+        self._m = _winograd.tile_for(self.kh)
         for t in top:
             t.reshape(n, self.num_output, oh, ow)
         self._col_key = None
@@ -184,6 +231,12 @@ class Convolution(_ConvBase):
             be.conv_direct_fwd(x, self.blobs[0].dev_data, bias, *geo, y)
             return
         n = x.shape[0]
+        if self._wino:
+            bias = self.blobs[1].dev_data if self.bias_term else self._nobias
+            keep = self._col.part(lane, self._tiles(n))
+            w = self.blobs[0].dev_data
+            _winograd.fwd(x, w, bias, self.ph, self.pw, y, self._m, U=self._U, keep=keep, ws=self._wino_work(lane, n))
+            return
         M = self.num_output
         K = self.channels // G * self.kh * self.kw
         P = n * self.out_h * self.out_w
@@ -220,6 +273,20 @@ class Convolution(_ConvBase):
             dw, db, beta = self.blobs[0].dev_diff.reshape(M, K), None, 1.0
         want_dw = self.param_propagate_down[0]
         want_db = self.bias_term and self.param_propagate_down[1]
+        if self._wino:
+            if want_db:  # per image then over the images: no copy of dy (the bias_bwd kernel transposes it)
+                part_db = dy.reshape(n, M, -1).sum(axis=2).sum(axis=0)
+                if lane:
+                    db[...] = part_db
+                else:
+                    self.blobs[1].dev_diff[...] += part_db
+            if want_dw or dx is not None:
+                kept = self._col.part(lane, self._tiles(n)) if reuse else None
+                _winograd.bwd(
+                    x.shape, dy, self.blobs[0].dev_data, self.ph, self.pw, dx, dw.reshape(self.blobs[0].shape)
+                    if want_dw else None, self._m, U=self._U, kept=kept, x=x, beta=beta, ws=self._wino_work(lane, n),
+                )  # fmt: skip
+            return
         if self._direct and want_dw:
             # the backend's direct kernel accumulates both parameter gradients straight from x
             # and dy (no columns; lane k > 0: into its zeroed block)
@@ -272,19 +339,57 @@ class Convolution(_ConvBase):
         size = per * nl
         return [(s, [(a, min(a + per, n)) for a in range(s, min(s + size, n), per)]) for s in range(0, n, size)]
 
+    def _tiles(self, n):
+        """Values of n images' transformed input (Winograd's route)."""
+        shape = (n, self.channels, self.out_h + self.kh - 1 - 2 * self.ph, self.out_w + self.kw - 1 - 2 * self.pw)
+        return _winograd.tiles_size(shape, self.blobs[0].shape, self.ph, self.pw, self._m)
+
+    def _products(self, n):
+        """Values of the largest block of products for n images (Winograd's route)."""
+        shape = (n, self.channels, self.out_h + self.kh - 1 - 2 * self.ph, self.out_w + self.kw - 1 - 2 * self.pw)
+        return _winograd.block_products_size(shape, self.blobs[0].shape, self.ph, self.pw, self._m)
+
+    def _wino_work(self, lane, n):
+        """Lane ``lane``'s winograd.Workspace, its block of products at the end of the lane's
+        column block (the kept tiles are at its start)."""
+        ws = self._wino_ws[lane]
+        block = self._col.part(lane, self._col.block)
+        ws.provide("Mx", block[block.size - self._products(n) :])
+        return ws
+
+    def _filters(self):
+        """Winograd's transformed filters, once per pass on the calling thread (the lanes read them)."""
+        if self._wino:
+            w = self.blobs[0].dev_data
+            n = (self._m + self.kh - 1) ** 2 * w.size // (self.kh * self.kw)
+            if self._U is None or self._U.size != n:
+                self._U = self.xp.empty(n, self.dtype)
+            self._U = _winograd.filters(w, self._m, out=self._U)
+
     def _reserve(self, parts, gemm=True):
         """Size the buffers for a round before its lanes start (they only take views); the
         column and GEMM buffers only where GEMMs run (``gemm``)."""
         G, M = self.group, self.num_output
         K = self.channels // G * self.kh * self.kw
         P = max(b - a for a, b in parts) * self.out_h * self.out_w
-        if gemm:
+        if self._wino:
+            # Winograd's route keeps the buffers im2col's would have, so that a memory plan (the
+            # arena's layout) does not depend on the route: a lane's column buffer holds its
+            # transformed input, kept from forward for the weight gradient, then its block of
+            # products (far less than the columns: 0.57 of a million values for a lane of LeNet's
+            # conv2 against 1.02); the GEMM-output buffer is not used.
+            n = max(b - a for a, b in parts)
+            self._col.reserve(len(parts), max(G * K * P, self._tiles(n) + self._products(n)))
+            self._out.reserve(len(parts), M * P)
+            self._wino_ws += [_winograd.Workspace() for _ in range(len(parts) - len(self._wino_ws))]
+        elif gemm:
             self._col.reserve(len(parts), G * K * P)
             self._out.reserve(len(parts), M * P)
         if len(parts) > 1:
             self._dparams.reserve(len(parts) - 1, M * K + M)
 
     def forward(self, bottom, top):
+        self._filters()
         for i, (b, t) in enumerate(zip(bottom, top)):
             x, y = b.dev_data, t.dev_data
             for s, parts in self._rounds(b.shape[0]):
@@ -305,6 +410,8 @@ class Convolution(_ConvBase):
                 continue
             x, dy = b.dev_data, t.dev_diff
             dx = b.dev_diff if propagate_down[i] else None
+            if propagate_down[i]:
+                self._filters()  # the weights the data gradient reads, as they are now
             # Visit the round forward left in the buffers first, so its im2col is not redone.
             rounds = self._rounds(b.shape[0])
             if self._col_key is not None and self._col_key[0] == i:
@@ -332,6 +439,8 @@ class Convolution(_ConvBase):
 
     def prepare_lanes(self, bottom, top, parts, propagate_down):
         key = ("lanes", tuple(parts))  # the lanes' column buffers hold im2col of these slices
+        if propagate_down is None or propagate_down[0]:
+            self._filters()
         if propagate_down is None:
             self._reserve(parts, gemm=not self._direct)
             self._col_key = None if (self._direct or self.recompute) else key
