@@ -740,6 +740,19 @@ _apply_env("conv")
 
 
 # -- self-check and benchmark: python -m kernels.conv --------------------------------------------
+def _winograd_bench(x, w, bias, p, y_shape, dy=None):
+    """v7's check tolerances (the algorithm's rounding bound, kernels/winograd.py) for (y, dx,
+    dW) and its operation counts, for one benchmark case."""
+    m = _winograd.tile_for(w.shape[2])
+    T = x.shape[0] * -(-y_shape[2] // m) * -(-y_shape[3] // m)
+    n = _winograd.roundings(x.shape[1], w.shape[0], T, m, w.shape[2]) + 2
+    mags = _winograd.reference(x, w, p, p, m, dy, magnitude=True)
+    mags = [mags[0] + np.abs(bias.astype(np.float64))[None, :, None, None], mags[1], mags[2]]  # bias added last
+    tols = [None if g is None else n * float(np.finfo(np.float32).eps) * g + 1e-30 for g in mags]
+    ops = {k: _winograd.flops(x.shape, w.shape, p, p, m, k) for k in ("fwd", "bwd_data", "bwd_filter")}
+    return tols, ops
+
+
 def bench_cases(quick, sizes=()):
     """The benchmark's cases (``python -m kernels.conv``, ``python -m kernels.bench``): inputs, a
     runner per version, a check against the float64 reference, the work done."""
@@ -765,8 +778,10 @@ def bench_cases(quick, sizes=()):
         def run(fn, x=x, w=w, bias=bias, y=y, p=p):
             return lambda: fn(x, w, bias, p, p, 1, 1, 1, 1, y)
 
-        def check(fn, y=y, ref=ref, mag=mag, K=K):
-            close(y, ref, sum_tol(K, mag), "conv_fwd")
+        wino = _winograd_bench(x, w, bias, p, ref.shape)
+
+        def check(fn, y=y, ref=ref, mag=mag, K=K, wino=wino):
+            close(y, ref, wino[0][0] if fn is CV.conv_fwd_v7_winograd else sum_tol(K, mag), "conv_fwd")
 
         flops = 2.0 * y.size * K
         cases.append(
@@ -779,6 +794,7 @@ def bench_cases(quick, sizes=()):
                 4.0 * (x.size + w.size + y.size),
                 run,
                 check,
+                flops_of={"v7_winograd": wino[1]["fwd"]},
             )
         )
         dy = rng.standard_normal(y.shape).astype(F32)
@@ -789,8 +805,10 @@ def bench_cases(quick, sizes=()):
         def run_b(fn, dy=dy, w=w, dx=dx, p=p):
             return lambda: fn(dy, w, p, p, 1, 1, 1, 1, dx)
 
-        def check_b(fn, dx=dx, dref=dref, dmag=dmag, K=K):
-            close(dx, dref, sum_tol(K, dmag), "conv_bwd_data")
+        wino = _winograd_bench(x, w, bias, p, ref.shape, dy)
+
+        def check_b(fn, dx=dx, dref=dref, dmag=dmag, K=K, wino=wino):
+            close(dx, dref, wino[0][1] if fn is CV.conv_bwd_data_v7_winograd else sum_tol(K, dmag), "conv_bwd_data")
 
         fref = CV.conv_bwd_filter_reference(x, dy, p, p, 1, 1, 1, 1, ws)
         fmag = CV.conv_bwd_filter_reference(np.abs(x), np.abs(dy), p, p, 1, 1, 1, 1, ws)
@@ -799,8 +817,9 @@ def bench_cases(quick, sizes=()):
         def run_f(fn, x=x, dy=dy, dwt=dwt, p=p):
             return lambda: fn(x, dy, p, p, 1, 1, 1, 1, dwt)
 
-        def check_f(fn, dwt=dwt, fref=fref, fmag=fmag, n=y.size // ws[0]):
-            close(dwt, fref, sum_tol(n, fmag), "conv_bwd_filter")
+        def check_f(fn, dwt=dwt, fref=fref, fmag=fmag, n=y.size // ws[0], wino=wino):
+            tol = wino[0][2] if fn is CV.conv_bwd_filter_v7_winograd else sum_tol(n, fmag)
+            close(dwt, fref, tol, "conv_bwd_filter")
 
         cases.append(
             Case(
@@ -812,6 +831,7 @@ def bench_cases(quick, sizes=()):
                 4.0 * (x.size + w.size + y.size),
                 run_f,
                 check_f,
+                flops_of={"v7_winograd": wino[1]["bwd_filter"]},
             )
         )
         cases.append(
@@ -824,6 +844,7 @@ def bench_cases(quick, sizes=()):
                 4.0 * (x.size + w.size + y.size),
                 run_b,
                 check_b,
+                flops_of={"v7_winograd": wino[1]["bwd_data"]},
             )
         )
     return cases

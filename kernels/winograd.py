@@ -79,6 +79,7 @@ __all__ = [
     "block_products_size",
     "reference",
     "roundings",
+    "flops",
     "POINTS",
     "TILE_BLOCK",
 ]
@@ -202,6 +203,30 @@ def reference(x, w, ph, pw, m, dy=None, magnitude=False):
     dU = np.einsum("nmtukl,nctukl->mckl", Yh, V)
     dw = np.einsum("ik,mckl,lj->mcij", G.T, dU, G)
     return y, dxq[:, :, ph : ph + H, pw : pw + W], dw
+
+
+def flops(x_shape, w_shape, ph, pw, m, what):
+    """Floating-point operations the compiled kernels do for ``what`` ("fwd", "bwd_data" or
+    "bwd_filter"): two per multiply-add of the alpha^2 GEMMs and of the transforms' nonzeros
+    (the filters' transform and the weight gradient's G^T dU G included).  Far fewer than the
+    direct convolution's 2 N M C r^2 OH OW: the benchmark's rate counts these."""
+    N, C, H, W = x_shape
+    M, _, r, _ = w_shape
+    a = m + r - 1
+    th, tw, _, _ = _geometry(N, H + 2 * ph - r + 1, W + 2 * pw - r + 1, m, r)
+    T = N * th * tw
+    AT, _, BT = transforms(m, r)
+    nB, nA = np.count_nonzero(BT), np.count_nonzero(AT)  # the same counts for B and A
+    x_in = 2 * a * nB * C * T  # B^T d B, each tile of each input channel
+    dy_in = (m + a) * nA * M * T  # A dy A^T, each tile of each output channel
+    gemm = a * a * M * C * T
+    filt = a * a * r * r * M * C
+    macs = {
+        "fwd": x_in + gemm + (a + m) * nA * M * T + filt,
+        "bwd_data": dy_in + gemm + 2 * a * nB * C * T + filt,
+        "bwd_filter": x_in + dy_in + gemm + filt,
+    }[what]
+    return 2.0 * macs
 
 
 def roundings(C, M, tiles, m, r):
