@@ -14,16 +14,17 @@ class SGDSolver(Solver):
 
     def update_parameter(self, i, rate):
         """With L2 decay the whole step is one fused kernel pass (kernels/sgd.py); else Caffe's steps."""
-        if self.param.regularization_type != "L2":
+        f = self.update_fields
+        if f.regularization_type != "L2":
             return super().update_parameter(i, rate)
         p = self.net.learnable_params[i]
         self.normalize(i)
-        decay = self.param.weight_decay * self.net.params_weight_decay[i]
+        decay = f.weight_decay * self.net.params_weight_decay[i]
         self.net.backend.sgd_step(
             p.dev_flat_data,
             p.dev_flat_diff,
             self.history[0][i].reshape(-1),
-            self.param.momentum,
+            f.momentum,
             rate * self.net.params_lr[i],
             decay,
         )
@@ -33,7 +34,7 @@ class SGDSolver(Solver):
         local_rate = rate * self.net.params_lr[i]
         h = self.history[0][i].reshape(-1)
         g = p.dev_flat_diff
-        h *= self.param.momentum
+        h *= self.update_fields.momentum
         h += local_rate * g
         g[...] = h
 
