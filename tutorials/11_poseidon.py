@@ -228,7 +228,12 @@ from minicaffe.dist.local import SECRET
 from minicaffe.dist.poseidon import Poseidon
 from minicaffe.dist.ps import Node
 from minicaffe.dist.sockets import SocketTransport
+from minicaffe.parallel import blas
 
+# Two nodes share this machine's cores, so each gets one BLAS thread, as `python -m
+# minicaffe.train --nodes 2` gives each node process: OpenBLAS's threads spin while they wait,
+# and two nodes' spinning threads on two cores can make a 1 ms GEMM take 100 ms.
+blas.set_threads(1)
 iters = 4 if QUICK else 10
 
 
@@ -330,7 +335,10 @@ for ax, (wfbp, p) in zip(axes, ((False, pos_off[0]), (True, pos[0]))):
     t0 = min(a for _lane, _name, a, _b, _c in ev)
     for lane, name, a, b, _c in ev:
         color = "0.8" if lane == "wait" else colors.get(name, "0.6")
-        ax.barh(rows[lane], (b - a) * 1e3, left=(a - t0) * 1e3, color=color, edgecolor="k", lw=0.2)
+        y, h = rows[lane], 0.8
+        if lane == "sync":  # syncs run at once: a thin row each (conv1+conv2's bucket ends in conv1)
+            y, h = -0.3 + 0.2 * list(colors).index(name) if name in colors else 0, 0.2
+        ax.barh(y, (b - a) * 1e3, left=(a - t0) * 1e3, height=h, color=color, edgecolor="k", lw=0.2)
     ax.set_yticks([0, 1, 2], ["sync", "waiting", "compute"])
     ax.set_title(f"measured: hybrid, 2 nodes on loopback, WFBP {'on' if wfbp else 'off'}: node 0", fontsize=9)
     backward = {name: (a, b) for lane, name, a, b, _c in ev if lane == "backward"}
@@ -347,10 +355,14 @@ fig.tight_layout()
 show(fig, "11_wfbp_measured")
 
 # %% [markdown]
-# On two nodes that share this machine's two cores the overlap is real but small: LeNet's
-# backward below ip1 is a few milliseconds and loopback is fast. `benchmarks/poseidon.py` draws
-# the same picture from an emulated cluster with shaped links, where the FC head's syncs take
-# hundreds of milliseconds (docs/POSEIDON.md).
+# With WFBP the syncs of ip2 and ip1 start inside the backward, and without it every sync
+# starts after it: that much the picture shows on any machine. Whether the iteration gets
+# shorter is another matter. Both nodes here are threads of one process on this machine's two
+# cores, over loopback: the syncs' work (framing, sending, ip1's rebuild and update) competes
+# with the backward it overlaps for the same cores, and there is little wire time to hide.
+# Overlap pays where the network, not the CPU, is the bottleneck: `benchmarks/poseidon.py`
+# draws the same picture from an emulated cluster with shaped links, and docs/POSEIDON.md says
+# where WFBP paid there and where it could not.
 
 # %% [markdown]
 # ## Exercises
