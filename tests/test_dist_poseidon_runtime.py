@@ -16,11 +16,24 @@ from minicaffe.dist.poseidon import Poseidon
 from minicaffe.dist.ps import Node, plan_buckets
 from minicaffe.dist.sockets import SocketTransport
 from minicaffe.errors import MinicaffeError
-from minicaffe.parallel import with_synthetic_data
+from minicaffe.parallel import blas, with_synthetic_data
 from minicaffe.solvers import get_solver
 from minicaffe.tools.common import resolve_net, resolve_solver
 
 SECRET = b"poseidon-test-secret"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_blas_thread_per_node():
+    """The nodes here are threads of this one process: one BLAS thread each, as the launcher gives
+    each node process (launch.blas_threads). OpenBLAS's threads spin while they wait; several
+    nodes' spinning threads on two cores slowed a LeNet iteration from ~8 to ~300 ms."""
+    old = blas.get_threads()
+    if old is not None:
+        blas.set_threads(1)
+    yield
+    if old is not None:
+        blas.set_threads(old)
 
 
 def lenet_solver(iters, **fields):
