@@ -19,20 +19,29 @@ def engine(text, name):
     return text.replace("convolution_param {", f"convolution_param {{ engine: {name}", 1)
 
 
+@pytest.fixture
+def few_tiles(monkeypatch):
+    """Small test shapes take the route: the tile count's threshold at 1."""
+    import minicaffe.layers.convolution as conv_mod
+
+    monkeypatch.setattr(conv_mod, "WINOGRAD_MIN_TILES", 1)
+
+
 def test_the_rule(backend):
     host_ = backend.host_lanes
-    assert winograd_rule("DEFAULT", True, 1, 20, 50, 5, 5, 1, 1, 1, 1)  # LeNet conv2
-    assert winograd_rule("DEFAULT", True, 1, 32, 64, 5, 5, 1, 1, 1, 1)  # CIFAR-10 quick conv3
-    assert winograd_rule("DEFAULT", True, 1, 64, 64, 3, 3, 1, 1, 1, 1)
-    assert not winograd_rule("CAFFE", True, 1, 20, 50, 5, 5, 1, 1, 1, 1)
-    assert not winograd_rule("DEFAULT", False, 1, 20, 50, 5, 5, 1, 1, 1, 1)  # a GPU backend
-    assert not winograd_rule("DEFAULT", True, 2, 20, 50, 5, 5, 1, 1, 1, 1)  # groups
-    assert not winograd_rule("DEFAULT", True, 1, 3, 32, 5, 5, 1, 1, 1, 1)  # few input channels
-    assert not winograd_rule("DEFAULT", True, 1, 20, 50, 5, 5, 2, 2, 1, 1)  # stride
-    assert not winograd_rule("DEFAULT", True, 1, 20, 50, 5, 5, 1, 1, 2, 2)  # dilation
-    assert not winograd_rule("DEFAULT", True, 1, 20, 50, 7, 7, 1, 1, 1, 1)  # 3x3 and 5x5 only
+    assert winograd_rule("DEFAULT", True, 1, 20, 50, 5, 5, 1, 1, 1, 1, 128)  # LeNet conv2, a lane of 32
+    assert winograd_rule("DEFAULT", True, 1, 32, 64, 5, 5, 1, 1, 1, 1, 200)  # CIFAR-10 quick conv3
+    assert winograd_rule("DEFAULT", True, 1, 64, 64, 3, 3, 1, 1, 1, 1, 32)
+    assert not winograd_rule("DEFAULT", True, 1, 20, 50, 5, 5, 1, 1, 1, 1, 16)  # 4 images: too few tiles
+    assert not winograd_rule("CAFFE", True, 1, 20, 50, 5, 5, 1, 1, 1, 1, 128)
+    assert not winograd_rule("DEFAULT", False, 1, 20, 50, 5, 5, 1, 1, 1, 1, 128)  # a GPU backend
+    assert not winograd_rule("DEFAULT", True, 2, 20, 50, 5, 5, 1, 1, 1, 1, 128)  # groups
+    assert not winograd_rule("DEFAULT", True, 1, 3, 32, 5, 5, 1, 1, 1, 1, 128)  # few input channels
+    assert not winograd_rule("DEFAULT", True, 1, 20, 50, 5, 5, 2, 2, 1, 1, 128)  # stride
+    assert not winograd_rule("DEFAULT", True, 1, 20, 50, 5, 5, 1, 1, 2, 2, 128)  # dilation
+    assert not winograd_rule("DEFAULT", True, 1, 20, 50, 7, 7, 1, 1, 1, 1, 128)  # 3x3 and 5x5 only
     text = conv_text(16, "kernel_size: 5 pad: 2", 1, True)
-    x = np.zeros((1, 16, 6, 6))
+    x = np.zeros((16, 16, 8, 8))  # 4 tiles per image: 64 in all, 32 per lane with two lanes
     assert run(text, backend, [x])[0].route == ("winograd" if host_ else "im2col")
     assert run(engine(text, "CAFFE"), backend, [x])[0].route == "im2col"
 
@@ -45,7 +54,7 @@ def test_the_rule(backend):
         ((2, 16, 7, 10), 16, "kernel_size: 3 pad: 1", 1),
     ],
 )
-def test_float64_forward_and_gradients(backend, rng, shape, m, geom, pad):
+def test_float64_forward_and_gradients(backend, rng, shape, m, geom, pad, few_tiles):
     if not backend.host_lanes:
         pytest.skip("the Winograd route runs on the host; a GPU backend's im2col route is tested in test_layers_conv")
     text = conv_text(m, geom, 1, True)
@@ -77,7 +86,7 @@ def _pair(backend, rng, shape, m, geom, dtype):
     return out
 
 
-def test_float32_within_the_documented_tolerance_of_im2col(rng):
+def test_float32_within_the_documented_tolerance_of_im2col(rng, few_tiles):
     from minicaffe.backend import cpu
 
     (wl, wino), (cl, caffe) = _pair(cpu, rng, (8, 20, 12, 12), 50, "kernel_size: 5", np.float32)

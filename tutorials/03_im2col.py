@@ -174,6 +174,56 @@ for label, r in results.items():
 # (lesson 4). A direct loop with the right order (v2) avoids the copy and its memory and can win
 # on small inputs; im2col wins as the number of filters and channels grows, because the GEMM's
 # work grows faster than the copy's.
+
+#
+# ## Fewer multiplies: Winograd
+# Every version so far does r x r multiply-adds per output per channel pair (25 for a 5x5
+# filter); the fastest are at the GEMM's limit, so the next step is less arithmetic. Two
+# outputs of a 3-tap filter, y0 = g0 d0 + g1 d1 + g2 d2 and y1 = g0 d1 + g1 d2 + g2 d3, take 6
+# multiplies. Winograd's F(2, 3) takes 4: it evaluates the filter polynomial g0 + g1 t + g2 t^2
+# and the data at 4 points (0, 1, -1 and "infinity", where a polynomial's value is its leading
+# coefficient), multiplies the values pointwise and interpolates back:
+# y = A^T [(G g) * (B^T d)]. `kernels/winograd.py` derives the three matrices from the points
+# (exact fractions, then float64).
+
+# %%
+from kernels import winograd  # noqa: E402
+
+AT, G, BT = winograd.transforms(2, 3)
+print("B^T =\n", BT, "\nG =\n", G, "\nA^T =\n", AT)
+g, d = np.array([1.0, 2.0, -1.0]), np.array([3.0, 0.5, -2.0, 4.0])
+direct = np.array([g @ d[0:3], g @ d[1:4]])
+products = (G @ g) * (BT @ d)  # the 4 multiplies
+print("direct:", direct, "  Winograd:", AT @ products, "  from the 4 products", products)
+assert np.allclose(AT @ products, direct)
+
+# %% [markdown]
+# In two dimensions the same matrices act on both axes of a tile, and over C channels the
+# pointwise products become one small GEMM per tile position: F(4x4, 5x5) reads 8x8 input
+# tiles and does 64 multiplies per 16 outputs instead of 400. The price is float32 accuracy:
+# the transforms have entries up to 5.25, so rounding grows. Measured here on LeNet's conv2:
+
+# %%
+xb = rng.standard_normal((4 if QUICK else 32, 20, 12, 12)).astype(np.float32)
+wb = (rng.standard_normal((50, 20, 5, 5)) * 0.06).astype(np.float32)
+bb = np.zeros(50, np.float32)
+ref = conv.conv_fwd_reference(xb, wb, bb, 0, 0, 1, 1, 1, 1)
+errs, times = {}, {}
+for name in ("v3_im2col_blas", "v7_winograd"):
+    yb = np.empty(ref.shape, np.float32)
+    fn = conv.VERSIONS["conv_fwd"][name]
+    times[name] = timeit(lambda fn=fn, yb=yb: fn(xb, wb, bb, 0, 0, 1, 1, 1, 1, yb))
+    errs[name] = np.abs(yb - ref).max() / np.abs(ref).max()
+    print(f"{name:15s} {times[name] * 1e3:7.3f} ms   max error / max |y| = {errs[name]:.1e}")
+print("multiplies per output per channel pair: direct 25, F(4x4, 5x5)", 64 / 16)
+assert errs["v7_winograd"] < 2e-5 and errs["v3_im2col_blas"] < errs["v7_winograd"]
+
+# %% [markdown]
+# What to see: Winograd is faster here by doing a quarter of the arithmetic (its transforms
+# are extra memory traffic, so the gain is less than 4x), and its error is about ten times the
+# direct sum's, still a few millionths of the largest value. minicaffe's Convolution layer takes
+# this route for stride-1 3x3 and 5x5 convolutions with at least 16 channels in and out;
+# `engine: CAFFE` in the prototxt keeps im2col (docs/KERNELS.md, "v7_winograd").
 #
 # ## Exercises
 # 1. Write `im2col_strided(x, k, stride, pad)` for one image `x` (C, H, W): return the
@@ -184,6 +234,8 @@ for label, r in results.items():
 # 3. (thought) How many bytes do the columns of LeNet's conv2 take at batch 64 (input 20x12x12,
 #    5x5 filters, float32)? When memory is tight, minicaffe can recompute them in backward
 #    instead of keeping them (lesson 8). What does that cost in time?
+# 4. (thought) Why does the Convolution layer not use Winograd for LeNet's conv1 (one input
+#    channel, 20 filters), though its 5x5 filters fit F(4x4, 5x5)?
 #
 # Answers to the thought questions: `tutorials/solutions/ANSWERS.md`.
 

@@ -35,7 +35,8 @@ would otherwise need a 1 GB buffer).
 
 Winograd's route (``winograd_rule``; kernels/winograd.py).  With ``engine: DEFAULT`` (the
 default), on the host, a stride-1 undilated 3x3 or 5x5 convolution without groups and with at
-least WINOGRAD_MIN_CHANNELS input and output channels runs F(4x4, r x r): input tiles and
+least WINOGRAD_MIN_CHANNELS input and output channels and WINOGRAD_MIN_TILES output tiles per
+lane runs F(4x4, r x r): input tiles and
 filters transformed, (4 + r - 1)^2 GEMMs over the channels, the outputs transformed back; its
 backward transforms dy once for both gradients and reads the forward's transformed input (kept
 in the column buffer, as im2col's columns are) for dW.  On LeNet's conv2 that is 0.43x the
@@ -62,17 +63,22 @@ COL_LIMIT = 1 << 25
 
 #: fewest input and output channels for the Winograd route (the rule in ``winograd_rule``)
 WINOGRAD_MIN_CHANNELS = 16
+#: fewest output tiles per lane: below, its fixed costs (alpha^2 GEMM calls, the filters'
+#: transform) lose to im2col (LeNet's conv2, one core: 4 images = 16 tiles 0.23 vs 0.20 ms,
+#: 8 images 0.30 vs 0.38 ms)
+WINOGRAD_MIN_TILES = 32
 
 
-def winograd_rule(engine, host, group, channels, num_output, kh, kw, sh, sw, dh, dw):
+def winograd_rule(engine, host, group, channels, num_output, kh, kw, sh, sw, dh, dw, tiles):
     """Whether a convolution runs Winograd's F(4x4, r x r) (kernels/winograd.py) rather than
     im2col + GEMM: ``engine`` DEFAULT (CAFFE keeps Caffe's im2col route), on the host, no groups,
-    a square 3x3 or 5x5 kernel at stride 1 without dilation, and at least
-    WINOGRAD_MIN_CHANNELS input and output channels: its GEMMs run over the input channels,
-    so with few of them the tile transforms are the work (LeNet's conv1, one channel, has its
-    own direct kernel)."""
+    a square 3x3 or 5x5 kernel at stride 1 without dilation, at least WINOGRAD_MIN_CHANNELS
+    input and output channels (its GEMMs run over the input channels, so with few of them the
+    tile transforms are the work: LeNet's conv1, one channel, has its own direct kernel), and
+    at least WINOGRAD_MIN_TILES 4x4 output tiles per lane (``tiles``)."""
     return (
         engine == "DEFAULT"
+        and tiles >= WINOGRAD_MIN_TILES
         and host
         and group == 1
         and min(channels, num_output) >= WINOGRAD_MIN_CHANNELS
@@ -211,6 +217,7 @@ class Convolution(_ConvBase):
         self._wino = not self._direct and winograd_rule(
             self.param.convolution_param.engine, self.backend.host_lanes, self.group, self.channels,
             self.num_output, self.kh, self.kw, self.sh, self.sw, self.dh, self.dw,
+            -(-n // lanes.count()) * -(-oh // 4) * -(-ow // 4),
         )  # fmt: skip
         self._m = _winograd.tile_for(self.kh)
         for t in top:
