@@ -23,9 +23,13 @@ from _course import QUICK, ROOT, cleanup, show
 import minicaffe as caffe
 from minicaffe import proto
 from minicaffe.dist import cost, sfb, simulate
-from minicaffe.parallel import with_synthetic_data
+from minicaffe.parallel import blas, with_synthetic_data
 from minicaffe.solvers import load_solver_param
 
+# Every layer below runs as one node of a cluster does: one BLAS thread, as `python -m
+# minicaffe.train --nodes 2` gives each node process on this machine. OpenBLAS's threads spin
+# while they wait, and two nodes' spinning threads on two cores can make a 1 ms GEMM take 100 ms.
+blas.set_threads(1)
 print("quick mode" if QUICK else "full mode")
 
 # %% [markdown]
@@ -228,12 +232,7 @@ from minicaffe.dist.local import SECRET
 from minicaffe.dist.poseidon import Poseidon
 from minicaffe.dist.ps import Node
 from minicaffe.dist.sockets import SocketTransport
-from minicaffe.parallel import blas
 
-# Two nodes share this machine's cores, so each gets one BLAS thread, as `python -m
-# minicaffe.train --nodes 2` gives each node process: OpenBLAS's threads spin while they wait,
-# and two nodes' spinning threads on two cores can make a 1 ms GEMM take 100 ms.
-blas.set_threads(1)
 iters = 4 if QUICK else 10
 
 
