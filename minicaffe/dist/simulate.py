@@ -679,12 +679,20 @@ def update_seconds_per_param():
 def layers_from_net(net, iterations=10, warmup=3, workers=1):
     """Measure a Net's per-layer forward/backward (``python -m minicaffe.time``'s loop) on this
     machine; the geometry of each layer with parameters comes from the cost rule's plan."""
-    import statistics
-
     from ..tools.timing import time_layers
-    from .cost import plan
 
     fwd, bwd, _ = time_layers(net, iterations, warmup)
+    return layers_from_timings(net, fwd, bwd, workers)
+
+
+def layers_from_timings(net, fwd, bwd, workers=1):
+    """Layers from ``time_layers``' samples (each layer's median forward and backward seconds),
+    with the geometry of each layer with parameters from the cost rule's plan and its update time
+    measured here: what ``python -m minicaffe.time --save-times`` writes."""
+    import statistics
+
+    from .cost import plan
+
     per_param = update_seconds_per_param()
     geo = {c.index: c for c in plan(net, 2, workers=workers)}
     out = []

@@ -21,6 +21,10 @@ the calling thread.  Its time is then measured inside each lane, and the slowest
 (marked ``*`` after its share); each segment gets a line of its own with its wall time and the rest of it, the
 hand-off (starting and joining the lanes, the lanes waiting for each other).  ``--no-plan`` times
 every layer call on its own instead, as the net runs without the plan.
+
+``--save-times FILE`` writes the medians as the Poseidon simulator reads them
+(``python -m minicaffe.dist.simulate --times FILE``): each layer's forward and backward in
+milliseconds, with the parameter count, update time and FC geometry of the layers it syncs.
 """
 
 import argparse
@@ -50,6 +54,12 @@ def build_parser():
         "--no-plan",
         action="store_true",
         help="run without the step plan: every layer one call, split over the lanes on its own",
+    )
+    p.add_argument(
+        "--save-times",
+        metavar="FILE",
+        help="also write each layer's median forward/backward (ms) as python -m minicaffe.dist.simulate --times "
+        "reads them (TRAIN phase)",
     )
     return p
 
@@ -255,6 +265,9 @@ def main(argv=None):
     if args.lanes < 1:
         print(f"error: --lanes must be >= 1, got {args.lanes}", file=sys.stderr)
         return 1
+    if args.save_times and args.phase != "TRAIN":
+        print("error: --save-times needs --phase TRAIN (the simulator needs each layer's backward)", file=sys.stderr)
+        return 1
     saved = lanes.set_count(args.lanes), blas.get_threads(), plan.set_enabled(not args.no_plan)
     blas.set_threads(max(1, blas.cores() // args.lanes))
 
@@ -272,6 +285,11 @@ def main(argv=None):
             log(line)
         report(net, fwd, bwd, totals, log, floor, segments)
         log("*** Benchmark ends ***")
+        if args.save_times:
+            from ..dist import simulate
+
+            simulate.save_times(simulate.layers_from_timings(net, fwd, bwd), args.save_times)
+            log(f"Wrote the per-layer times to {args.save_times} (python -m minicaffe.dist.simulate --times reads it)")
 
     try:
         return run_net_tool(args, body)

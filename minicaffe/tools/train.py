@@ -86,7 +86,8 @@ def build_parser():
         "--staleness",
         type=int,
         default=0,
-        help="with --workers: bounded staleness s (SSP); 0 = synchronous (BSP, the default)",
+        help="with --workers or --nodes: bounded staleness s (SSP) between the worker threads or the nodes; "
+        "0 = synchronous (BSP, the default)",
     )
     p.add_argument(
         "--worker-timeout",
@@ -867,11 +868,33 @@ def finish(record, out_dir, args, status, iteration, message, log):
     return data
 
 
+# the flags of a distributed run that one process has no use for (minicaffe/dist/launch.py)
+DIST_ONLY = ("comm", "wfbp", "bucket_kb", "link")
+
+
+def ignored_dist_flags(args, argv):
+    """The distributed-only flags given to a run of one process (no --nodes > 1, not a node): the
+    command line parsed once more with those flags' defaults set to None shows which were given."""
+    if dist.is_launcher(args) or dist.is_node(args):
+        return []
+    given = build_parser()
+    given.set_defaults(**dict.fromkeys(DIST_ONLY))
+    again = given.parse_args(argv)
+    return ["--" + name.replace("_", "-") for name in DIST_ONLY if getattr(again, name) is not None]
+
+
 def main(argv=None):
     from ..parallel import blas, lanes
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    ignored = ignored_dist_flags(args, argv)
+    if ignored:  # a sweep over --nodes 1 2 4 passes them to the one-process baseline too: a note, not an error
+        print(
+            f"note: {', '.join(ignored)} apply only to a distributed run (--nodes > 1); this one-process run "
+            "ignores them",
+            file=sys.stderr,
+        )
     saved = lanes.count(), blas.get_threads()  # run() sets both for its run; a caller's are restored
     try:
         if dist.is_launcher(args):  # --nodes N: N node processes on this machine
