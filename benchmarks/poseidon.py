@@ -146,6 +146,12 @@ def parse_run(out, batch, nodes, warmup=2):
         "wait_share": waited / busy if busy > 0 else 0.0,
         "layers": pos["layers"],
         "timeline": pos["timeline"],
+        # every node's threads (compute, send, recv, server) over the clocks it recorded
+        "node_timelines": {
+            r: {"t_origin": rep["t_origin"], "timeline": rep["timeline"]}
+            for r, rep in dist["nodes"].items()
+            if "timeline" in rep
+        },
     }
 
 
@@ -1266,6 +1272,37 @@ def plot_timelines(results, keys, path):
     return True
 
 
+def plot_node_timelines(results, keys, path):
+    """Every node's threads, a panel per run of ``keys`` (plain PS, hybrid without WFBP, hybrid
+    with it), a group of lanes per node: compute (each layer's forward and backward, waiting for
+    parameters), send and recv (each GRAD, PARAM and FACTOR frame), server (the shard's updates,
+    the SFB thread's rebuilds), over the clocks the nodes recorded, aligned on the wall clock."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from minicaffe.dist import timeline
+
+    runs = [(k, results[k]["node_timelines"]) for k in keys if results.get(k, {}).get("node_timelines")]
+    if not runs:
+        return False
+    colors = timeline.layer_colors([reps for _, reps in runs])
+    rows = sum(len(reps) * (len(timeline.LANES) + 1) for _, reps in runs)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 0.16 * rows + 0.7 * len(runs) + 0.8), squeeze=False)
+    for ax, (key, reps) in zip(axes[:, 0], runs):
+        timeline.draw_nodes(ax, reps, colors)
+        net, nodes, link, comm, wfbp = key.split("|")
+        ax.set_title(f"{net}, {nodes} nodes, {link}, {label(comm, wfbp)}: every node", fontsize=8)
+    axes[-1, 0].set_xlabel("ms (wall clock, from the run's first recorded event; grey: waiting for parameters)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    fig.legend(handles, list(colors), fontsize=7, ncol=min(len(colors), 8), loc="upper right")
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nets", nargs="+", default=["lenet", "cifar10_quick", "alexnet_fc_head"])
@@ -1454,6 +1491,8 @@ def main(argv=None):
             stem = "|".join([net, nodes, link])
             modes = ("|ps|off", "|hybrid|off", "|hybrid|on")
             plot_timelines(results, [stem + m for m in modes], f"{base}_timeline_{net.replace('@', '_b')}.png")
+            keys = [stem + m for m in modes]
+            plot_node_timelines(results, keys, f"{base}_timeline_nodes_{net.replace('@', '_b')}.png")
     if not args.report:
         with open(args.out, "w") as f:
             json.dump({"results": slim(results)}, f)

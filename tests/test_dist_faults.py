@@ -4,6 +4,7 @@ already in use, an unreachable rendezvous, nodes with different solvers, and a s
 throwing over a thousand random and mutated frames at a training node (no crash, no hang, and
 the run still computes exactly what one process computes)."""
 
+import json
 import os
 import signal
 import socket
@@ -173,6 +174,10 @@ def test_launcher_trains_two_local_nodes(tmp_path):
     assert (out / "timeline.png").exists()
     records = [line for line in (out / "train_log.jsonl").read_text().splitlines() if '"kind": "dist"' in line]
     assert len(records) == 1 and '"1": {' in records[0]  # node 1's statistics reached node 0
+    nodes = json.loads(records[0])["nodes"]  # and every node's timeline (benchmarks/poseidon.py draws them)
+    for rank in ("0", "1"):
+        lanes = {e[0] for e in nodes[rank]["timeline"]}
+        assert {"compute", "send", "recv"} <= lanes and nodes[rank]["t_origin"] > 0, (rank, lanes)
 
 
 def run_main(args, env, capsys, monkeypatch):

@@ -662,3 +662,20 @@ def test_the_timeline_shows_the_overlap_wfbp_buys(tmp_path):
     assert timeline.layer_of("FACTOR ip1/w u") == "ip1" and timeline.layer_of("rebuild ip1") == "ip1"
     path = timeline.plot_timeline(node_reports[True], str(tmp_path / "nodes.png"))
     assert os.path.getsize(path) > 10_000
+    # the benchmark's per-node figure: a panel per run, every node's four lanes in it
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = timeline.layer_colors(list(node_reports.values()))
+    assert {"conv1", "conv2", "ip1", "ip2"} <= set(colors)
+    fig, ax = plt.subplots()
+    assert timeline.draw_nodes(ax, node_reports[True], colors) > 0
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert ticks == ["node 0 compute", "send", "recv", "server", "node 1 compute", "send", "recv", "server"]
+    plt.close(fig)
+    results = {k: {"node_timelines": node_reports[w]} for k, w in zip(results, (False, True))}
+    png = tmp_path / "timeline_nodes.png"
+    assert bench.plot_node_timelines(results, list(results), str(png)) and png.stat().st_size > 10_000
+    assert not bench.plot_node_timelines({"lenet|2|1gbit|ps|off": {"timeline": []}}, ["lenet|2|1gbit|ps|off"], "x")

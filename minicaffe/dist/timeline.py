@@ -12,7 +12,9 @@ nodes are drawn on one time axis:
     server    the shard's updates, and the SFB thread's rebuild + update of each SFB layer
 
 ``plot_timeline(reports, path)`` draws one row of lanes per node (layers coloured alike in
-every lane), so the overlap of computation and communication, or its absence, is visible.
+every lane), so the overlap of computation and communication, or its absence, is visible;
+``draw_nodes(ax, reports, colors)`` draws every node's lanes on one axis (benchmarks/poseidon.py
+puts a run per panel, to set modes side by side).
 """
 
 import os
@@ -70,3 +72,45 @@ def layer_of(label):
     if len(parts) >= 2 and parts[0] in ("forward", "backward", "GRAD", "PARAM", "FACTOR", "push", "update", "rebuild"):
         return parts[1].split("/")[0]
     return ""
+
+
+LANES = ("compute", "send", "recv", "server")
+
+
+def layer_colors(reports_list):
+    """One colour per layer name over every report of ``reports_list`` (a list of {rank: report}),
+    so a layer is the same colour in every lane, node and run of a figure."""
+    names = sorted({layer_of(e[3]) for reps in reports_list for rep in reps.values() for e in rep.get("timeline", [])})
+    return {name: f"C{k % 10}" for k, name in enumerate(n for n in names if n)}
+
+
+def draw_nodes(ax, reports, colors, max_events=4000):
+    """Every node's lanes on one axis, a group of four rows per node (node 0 on top): compute,
+    send, recv, server, aligned on the wall clock from the first recorded event. -> the span
+    drawn, in ms."""
+    ranks = sorted(reports, key=int)
+    shift = {r: reports[r].get("t_origin", 0.0) for r in ranks}
+    events = {r: reports[r].get("timeline", [])[:max_events] for r in ranks}
+    starts = [shift[r] + e[1] for r in ranks for e in events[r]]
+    ends = [shift[r] + e[2] for r in ranks for e in events[r]]
+    if not starts:
+        return 0.0
+    zero = min(starts)
+    min_width = (max(ends) - zero) / 1500  # short frames stay visible
+    step = len(LANES) + 1  # a blank row between nodes
+    ticks, names = [], []
+    for g, r in enumerate(ranks):
+        for lane, t0, t1, label in events[r]:
+            y = g * step + (LANES.index(lane) if lane in LANES else 0)
+            name = layer_of(label)
+            color = colors.get(name, "0.6") if name else ("0.85" if "wait" in label else "0.6")
+            left = (t0 + shift[r] - zero) * 1e3
+            ax.barh(y, max(t1 - t0, min_width) * 1e3, left=left, height=0.75, color=color, edgecolor="none")
+        ticks += [g * step + k for k in range(len(LANES))]
+        names += [f"node {r} {lane}" if k == 0 else lane for k, lane in enumerate(LANES)]
+        if g:
+            ax.axhline(g * step - 1, color="0.7", lw=0.5)
+    ax.set_yticks(ticks, names, fontsize=6)
+    ax.set_ylim(len(ranks) * step - 1, -1)
+    ax.grid(axis="x", alpha=0.3)
+    return (max(ends) - zero) * 1e3
