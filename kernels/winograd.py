@@ -2,10 +2,15 @@
 
 Contract (stride 1, no dilation, a square r x r kernel; the conv family's other arguments):
 
-    fwd(x, w, bias, ph, pw, y, m)          y = conv(x, w) + bias, as kernels.conv.conv_fwd
-    bwd_data(dy, w, ph, pw, dx, m)         dx (OVERWRITTEN) = the gradient to the input
+    fwd(x, w, bias, ph, pw, y, m, U=None, keep=None, ws=None)
+        y = conv(x, w) + bias, as kernels.conv.conv_fwd; ``keep`` receives the transformed input
+    bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m, U=None, kept=None, x=None, beta=0, ws=None)
+        dx (OVERWRITTEN) and/or dw (= or += with beta 1) from one transform of dy; dw reads the
+        forward's ``kept`` tiles, or transforms x again
+    bwd_data(dy, w, ph, pw, dx, m), bwd_filter(x, dy, ph, pw, dw, m)   the two, one at a time
         x (N, C, H, W), w (M, C, r, r), bias (M,) or (0,), y (N, M, OH, OW), OH = H + 2 ph - r + 1;
-        m is the output tile's side: F(m x m, r x r) reads (m + r - 1)^2 input values per tile.
+        m is the output tile's side: F(m x m, r x r) reads (m + r - 1)^2 input values per tile;
+        U = filters(w, m) if the caller keeps it; ws a Workspace (temporaries kept across calls).
 
 The idea in one dimension.  Two outputs of a 3-tap correlation, y0 = g0 d0 + g1 d1 + g2 d2 and
 y1 = g0 d1 + g1 d2 + g2 d3, take 6 multiplies done directly.  Winograd's F(2, 3) takes 4: it
@@ -52,8 +57,10 @@ How this file computes it (the engine's layout, every loop a unit-stride run ove
   3. products: for each xi, Mx[xi] = U[xi] @ V[xi] by BLAS (kernels.cblas, without the GIL).
   4. output: A^T on both axes (AXPYs over tiles again), bias, and the m x m results scattered
      into y (a partial tile at the right or bottom edge writes only what lies inside).
-The data gradient is the same forward run on dy, padded by r - 1 - p, with the filters flipped
-and their two channel axes swapped (G applied to the reversed taps; U[xi] read transposed).
+The gradients are these steps transposed and run backwards (``bwd``): each m x m tile of dy is
+transformed by A on both axes (alpha x alpha); the data gradient multiplies it by U[xi]^T over
+the output channels, transforms by B and adds each tile into dx (tiles overlap by r - 1); the
+weight gradient sums Y[xi] @ V[xi]^T over the tiles and returns through G^T . G.
 """
 
 import functools
@@ -541,7 +548,8 @@ def bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m=4, U=None, kept=None, x=None
         if dx is not None:
             Mb = Mx[: a * a * C * n]
             _products(U, Y3, Mb.reshape(a * a, C, n), True)
-            _tiles_out(Mb, C, a, dy[:0, 0, 0, 0], True, xf, Hq, Wq, org_x, t0, n, *tr["B"], Z, O)
+            no_bias = dy[:0, 0, 0, 0]
+            _tiles_out(Mb, C, a, no_bias, True, xf, Hq, Wq, org_x, t0, n, *tr["B"], Z, O)
         if dw is not None:
             if kept is None:
                 Vb = V[: a * a * C * n]
