@@ -854,8 +854,7 @@ class Node:
                 with self.cv:
                     busy = {name: list(v) for name, v in self.busy.items()}
                 self.cpu_marks.append((self.clock, t0 - self.t_origin, u, k, busy, self.gc_clock.seconds))
-            recording = self.recording(self.clock)
-            self.transport.stats.recording = recording
+            self.transport.stats.recording = self.recording(self.clock)
             past = self.clock - self.iter0 >= self.timeline_start + self.timeline_clocks
             if past and self._hooks is not None:
                 self._hooks.remove()  # the timeline covers the first clocks only
