@@ -10,7 +10,9 @@ namespaces are not allowed, the transport's token bucket, ``--link``), for ``--i
 iterations, and reads node 0's train_log.jsonl: seconds per iteration after ``--warmup``
 iterations (numba compiles in the first), images/s of the global batch, bytes per iteration
 per node (sent + received, headers included), the share of the iteration node 0 spent waiting
-for parameters, and Poseidon's per-layer timeline. Modes are {PS, SFB, hybrid} x {WFBP off, on}.
+for parameters, Poseidon's per-layer timeline (node 0's) and every node's timeline of its threads
+(compute, send, recv, server; ``--report`` draws them per mode). Modes are {PS, SFB, hybrid} x
+{WFBP off, on}.
 
 The simulator (``minicaffe.dist.simulate``) is then given each run's own per-layer forward and
 backward times (node 0's medians over the recorded iterations: they include the slowdown of P
@@ -1083,12 +1085,15 @@ def run_sfb_layers(r):
 
 def slim(results, clocks=2):
     """Keep what the tables and plots read: the timeline of the first ``clocks`` recorded
-    iterations only (the timeline plots show two)."""
+    iterations only (the timeline plots show two); every node's timeline as it was recorded
+    (three clocks), its times in whole microseconds."""
     for r in results.values():
         ev = r.get("timeline")
         if ev:
             keep = sorted({e[4] for e in ev})[:clocks]
             r["timeline"] = [e for e in ev if e[4] in keep]
+        for rep in r.get("node_timelines", {}).values():  # the clocks each node recorded, to the microsecond
+            rep["timeline"] = [[lane, round(a, 6), round(b, 6), what] for lane, a, b, what in rep["timeline"]]
     return results
 
 

@@ -81,7 +81,13 @@ def layer_colors(reports_list):
     """One colour per layer name over every report of ``reports_list`` (a list of {rank: report}),
     so a layer is the same colour in every lane, node and run of a figure."""
     names = sorted({layer_of(e[3]) for reps in reports_list for rep in reps.values() for e in rep.get("timeline", [])})
-    return {name: f"C{k % 10}" for k, name in enumerate(n for n in names if n)}
+    names = [n for n in names if n]
+    if len(names) <= 10:
+        return {name: f"C{k}" for k, name in enumerate(names)}
+    import matplotlib
+
+    tab20 = matplotlib.colormaps["tab20"]  # more layers than the 10 default colours: 20 distinct ones
+    return {name: tab20(k % 20) for k, name in enumerate(names)}
 
 
 def draw_nodes(ax, reports, colors, max_events=4000):
