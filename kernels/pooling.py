@@ -100,7 +100,7 @@ def max_pool_bwd_reference(dy, mask, x_shape):
     m = np.asarray(mask).reshape(N * C, -1)
     d = np.asarray(dy, dtype=np.float64).reshape(N * C, -1)
     rows = np.repeat(np.arange(N * C), m.shape[1]).reshape(m.shape)
-    ok = m >= 0
+    ok = (m >= 0) & (m < H * W)  # -1: a window wholly in the padding; past the plane: not an index
     np.add.at(dx, (rows[ok], m[ok]), d[ok])
     return dx.reshape(x_shape)
 
@@ -194,7 +194,7 @@ def max_pool_bwd_v1_naive(dy, mask, kh, kw, sh, sw, ph, pw, dx):
             for p in range(PH):
                 for q in range(PW):
                     k = mask[n, c, p, q]
-                    if k >= 0:
+                    if 0 <= k < H * W:
                         dx[n, c, k // W, k % W] += dy[n, c, p, q]
 
 
@@ -279,12 +279,14 @@ def _max_plane(xf, xb, W, th, tw, yf, mf, yb):
 
 @njit(nogil=True, cache=True, inline="always")
 def _max_bwd_plane(dyp, mp, dxf):
-    """dxf: the flat (H*W,) gradient plane."""
+    """dxf: the flat (H*W,) gradient plane.  An index outside [0, H*W) adds nothing: -1 marks a
+    window wholly in the padding, and a mask that is not the forward's (scratch memory read by
+    mistake) must not write outside the plane."""
     dxf[:] = 0
     for p in range(mp.shape[0]):
         for q in range(mp.shape[1]):
             k = mp[p, q]
-            if k >= 0:
+            if 0 <= k < dxf.shape[0]:
                 dxf[k] += dyp[p, q]
 
 

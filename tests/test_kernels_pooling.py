@@ -122,6 +122,24 @@ def test_max_pool_mask_is_within_the_plane():
         )
 
 
+def test_max_pool_backward_ignores_a_mask_index_outside_the_plane():
+    """A mask that is not the forward's (scratch memory read by mistake: huge or one-past-the-end
+    indices) adds nothing outside the plane: every version matches the reference, which counts
+    only indices in [0, H*W), and the planes next to the bad one are untouched."""
+    rng = np.random.default_rng(5)
+    dy = rng.standard_normal((2, 3, 2, 2))
+    mask = rng.integers(0, 25, size=(2, 3, 2, 2)).astype(np.int32)
+    mask[0, 1, 0, 0] = 25  # one past the plane: would land in plane (0, 2)
+    mask[1, 2, 1, 1] = 1 << 30  # far outside the whole array
+    mask[1, 0, 0, 1] = -1  # a window in the padding
+    ref = K.max_pool_bwd_reference(dy, mask, (2, 3, 5, 5))
+    assert ref[0, 2].reshape(-1)[0] == (dy[0, 2].reshape(-1)[mask[0, 2].reshape(-1) == 0]).sum()
+    for ver, fn in versions(K, "max_pool_bwd"):
+        dx = np.full((2, 3, 5, 5), np.nan)
+        fn(dy, mask, 3, 3, 2, 2, 0, 0, dx)
+        assert np.allclose(dx, ref, rtol=0, atol=1e-12), f"max_pool_bwd[{ver}] with indices outside the plane"
+
+
 def test_ave_pool_divisor_at_the_padded_border():
     """4x4 ones, 3x3 window, stride 2, pad 1 -> 3x3 outputs.  Window (0, 0) covers padded
     rows/cols -1..1: 4 ones / 9.  Window (2, 2) starts at 3: rows 3..5 clipped to the padded

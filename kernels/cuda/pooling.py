@@ -75,7 +75,7 @@ def _max_bwd_scatter(dy, mask, dx):
     while t < dy.size:
         n, c, p, q = unravel_nchw(t, C, PH, PW)
         k = mask[n, c, p, q]
-        if k >= 0:
+        if 0 <= k < H * W:  # -1: a window in the padding; never write outside the plane
             cuda.atomic.add(dx, (n, c, k // W, k % W), dy[n, c, p, q])
         t += cuda.gridsize(1)
 
