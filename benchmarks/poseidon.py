@@ -1269,12 +1269,7 @@ def plot_timelines(results, keys, path):
         net, nodes, link, comm, wfbp = key.split("|")
         ax.set_title(f"{net}, {nodes} nodes, {link}, {label(comm, wfbp)}: node 0, two iterations", fontsize=8)
     axes[-1, 0].set_xlabel("ms")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    fig.legend(handles, list(colors), fontsize=7, ncol=min(len(colors), 8), loc="upper right")
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return _save_with_legend(plt, fig, colors, path, top=0.92, dpi=100)
 
 
 def plot_node_timelines(results, keys, path):
@@ -1300,10 +1295,16 @@ def plot_node_timelines(results, keys, path):
         net, nodes, link, comm, wfbp = key.split("|")
         ax.set_title(f"{net}, {nodes} nodes, {link}, {label(comm, wfbp)}: every node", fontsize=8)
     axes[-1, 0].set_xlabel("ms (wall clock, from the run's first recorded event; grey: waiting for parameters)")
+    return _save_with_legend(plt, fig, colors, path, top=0.96, dpi=90)
+
+
+def _save_with_legend(plt, fig, colors, path, top, dpi):
+    """The timeline figures' shared ending: one legend of layer colours above the panels, saved
+    to ``path`` -> True."""
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     fig.legend(handles, list(colors), fontsize=7, ncol=min(len(colors), 8), loc="upper right")
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    fig.savefig(path, dpi=90)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return True
 
