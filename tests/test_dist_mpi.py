@@ -73,3 +73,31 @@ def test_train_tool_over_mpi(tmp_path):
                     "--output", str(tmp_path / "run")], str(tmp_path))  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert "node 0/2: MPI" in r.stdout and "MB/iteration" in r.stdout
+
+
+LEAVE = """
+import sys
+import time
+from mpi4py import MPI
+from minicaffe.teardown import exit_without_teardown
+
+rank = MPI.COMM_WORLD.Get_rank()
+if rank == {late}:
+    time.sleep(1.0)  # the other rank leaves first
+with open(f"rank{{rank}}.done", "w") as f:
+    f.write("finished")
+print(f"rank {{rank}} finished", flush=True)
+exit_without_teardown(0)
+"""
+
+
+@pytest.mark.parametrize("late", [0, 1])
+def test_exit_without_teardown_finalizes_mpi(tmp_path, late):
+    # minicaffe's commands end with os._exit (minicaffe/teardown.py), which skips mpi4py's C-level
+    # MPI_Finalize: MPICH's launcher then killed the rank still working (exit code 9 in CI)
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE.format(late=late))
+    r = mpiexec(2, [sys.executable, str(script)], str(tmp_path), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in tmp_path.glob("rank*.done")) == ["rank0.done", "rank1.done"], r.stdout + r.stderr
+    assert "BAD TERMINATION" not in r.stdout + r.stderr
