@@ -64,6 +64,7 @@ weight gradient sums Y[xi] @ V[xi]^T over the tiles and returns through G^T . G.
 """
 
 import functools
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -77,6 +78,7 @@ __all__ = [
     "supported",
     "tile_for",
     "filters",
+    "same_bits",
     "fwd",
     "bwd",
     "bwd_data",
@@ -100,6 +102,10 @@ POINTS = {
 
 #: tiles transformed per block (the block's D, V and Mx stay in L2 for LeNet's conv2)
 TILE_BLOCK = 256
+
+#: run a pass's loop over blocks compiled whole (``_fwd_blas``, ``_bwd_blas``) where BLAS is
+#: called without the GIL; False: the loop in Python, one kernel call per step (as without cblas)
+COMPILED_PASSES = True
 
 
 def _evaluation(points, n):
@@ -362,6 +368,50 @@ def _products_nt_blas(Y, V, dU, beta):
         _cblas._gemm_nogil(1.0, Y[xi], V[xi].T, beta, dU[xi])
 
 
+@njit(nogil=True, cache=True)
+def _fwd_blas(a, xf, C, Hq, Wq, org_in, U, V, keep, M, bias, yf, OHq, OWq, org_out, L, BT, AT, D, E, Mx, Z, O):
+    """``fwd``'s loop over the blocks of tiles as one compiled call, the products by BLAS:
+    the GIL is released once per pass instead of three times per block (with --workers, each
+    time a thread takes the GIL back it may find the other thread holding it and sleep)."""
+    T = org_in.shape[0]
+    for t0 in range(0, T, L):
+        n = min(L, T - t0)
+        Vb = V[: a * a * C * n] if keep.size == 0 else keep[a * a * C * t0 : a * a * C * (t0 + n)]
+        Mb = Mx[: a * a * M * n]
+        _tiles_in(xf, C, Hq, Wq, org_in, t0, n, a, BT[0], BT[1], BT[2], D, E, Vb)
+        _products_blas(U, Vb.reshape((a * a, C, n)), Mb.reshape((a * a, M, n)))
+        _tiles_out(Mb, M, a, bias, False, yf, OHq, OWq, org_out, t0, n, AT[0], AT[1], AT[2], Z, O)
+
+
+@njit(nogil=True, cache=True)
+def _bwd_blas(
+    a, m, yf, M, OHq, OWq, org_dy, C, Hq, Wq, org_x, U, xf, xin, kept, V, dU, dw, beta, GG, L, tr, D, E, Y, Mx, Z, O
+):
+    """``bwd``'s loop over the blocks of tiles as one compiled call, the products by BLAS (as
+    ``_fwd_blas``; ``tr`` = the transforms A, B, BT): dx into ``xf`` (zeroed) unless it is
+    empty, dw (flat (M*C, r*r)) unless it is empty, from ``kept`` or else from ``xin``."""
+    T = org_dy.shape[0]
+    no_bias = yf[:0]
+    for t0 in range(0, T, L):
+        n = min(L, T - t0)
+        Yb = Y[: a * a * M * n]
+        _tiles_in(yf, M, OHq, OWq, org_dy, t0, n, m, tr[0][0], tr[0][1], tr[0][2], D, E, Yb)
+        Y3 = Yb.reshape((a * a, M, n))
+        if xf.size:
+            Mb = Mx[: a * a * C * n]
+            _products_blas_t(U, Y3, Mb.reshape((a * a, C, n)))
+            _tiles_out(Mb, C, a, no_bias, True, xf, Hq, Wq, org_x, t0, n, tr[1][0], tr[1][1], tr[1][2], Z, O)
+        if dw.size:
+            if kept.size == 0:
+                Vb = V[: a * a * C * n]
+                _tiles_in(xin, C, Hq, Wq, org_x, t0, n, a, tr[2][0], tr[2][1], tr[2][2], D, E, Vb)
+            else:
+                Vb = kept[a * a * C * t0 : a * a * C * (t0 + n)]
+            _products_nt_blas(Y3, Vb.reshape((a * a, C, n)), dU, 0.0 if t0 == 0 else 1.0)
+    if dw.size:
+        _cblas._gemm_nogil(1.0, dU.reshape((a * a, M * C)).T, GG, beta, dw.reshape((M * C, dw.size // (M * C))))
+
+
 def _products_nt(Y, V, dU, beta):
     """dU[xi] = Y[xi] @ V[xi]^T + beta dU[xi] (the weight gradient's sum over a block's tiles)."""
     if Y.dtype == V.dtype and _cblas.nogil_available():
@@ -393,11 +443,21 @@ class Workspace:
         self._bufs[name] = flat
 
     def get(self, name, shape, dtype):
-        n = int(np.prod(shape))
+        n = math.prod(shape) if isinstance(shape, tuple) else shape  # (np.prod: ~4 us under the GIL)
         b = self._bufs.get(name)
         if b is None or b.size < n or b.dtype != dtype:
             b = self._bufs[name] = np.empty(n, dtype)
         return b[:n].reshape(shape)
+
+    def origins(self, N, C, th, tw, m, Hq, Wq):
+        """``_origins``' tile origins for this geometry, computed once and kept (the forward's
+        input and output origins are the backward's x and dy origins)."""
+        key = (N, C, th, tw, m, Hq, Wq)
+        org = self._bufs.get(key)
+        if org is None:
+            org = self._bufs[key] = np.empty(N * th * tw, np.uint64)
+            _origins(N, C, th, tw, m, Hq, Wq, org)
+        return org
 
 
 def _padded(x, Hq, Wq, ph, pw, ws=None, name="pad"):
@@ -449,6 +509,25 @@ def filters(w, m, out=None):
     return U
 
 
+@njit(nogil=True, cache=True)
+def _same_bits(a, b):
+    diff = a[0] ^ a[0]  # every pair's differing bits or-ed: no early exit, so the loop vectorizes
+    for i in range(a.shape[0]):
+        diff |= a[i] ^ b[i]
+    return diff == 0
+
+
+def same_bits(a, b):
+    """Whether two arrays of one shape and dtype hold exactly the same bits (compared as
+    unsigned integers: -0.0 is not 0.0, a NaN equals itself), without the GIL.  The Convolution
+    layer's test that the weights did not change since it transformed them (``filters``):
+    ~3 us for LeNet's conv2 (25,000 values) against ~70 us for the transform."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    bits = np.dtype(f"u{a.dtype.itemsize}")
+    return _same_bits(np.ascontiguousarray(a).reshape(-1).view(bits), np.ascontiguousarray(b).reshape(-1).view(bits))
+
+
 def _check(x, w, y, m, what):
     M, C, kh, kw = w.shape
     if not supported(kh, kw, 1, 1, 1, 1, m):
@@ -480,17 +559,20 @@ def fwd(x, w, bias, ph, pw, y, m=4, U=None, keep=None, ws=None):
     exact = (OH, OW) == (th * m, tw * m) and y.flags.c_contiguous
     yq = y if exact else ws.get("out", (N, M, th * m, tw * m), y.dtype)
     T, L, (D, E, V, Mx, Z, O) = _blocks(ws, N, th, tw, C, M, a, x.dtype)
-    org_in, org_out = ws.get("org_in", T, np.uint64), ws.get("org_out", T, np.uint64)
-    _origins(N, C, th, tw, m, Hq, Wq, org_in)
-    _origins(N, M, th, tw, m, th * m, tw * m, org_out)
+    org_in, org_out = ws.origins(N, C, th, tw, m, Hq, Wq), ws.origins(N, M, th, tw, m, th * m, tw * m)
     xf, yf = xq.reshape(-1), yq.reshape(-1)
-    for t0 in range(0, T, L):
-        n = min(L, T - t0)
-        Vb = V[: a * a * C * n] if keep is None else keep[a * a * C * t0 : a * a * C * (t0 + n)]
-        Mb = Mx[: a * a * M * n]
-        _tiles_in(xf, C, Hq, Wq, org_in, t0, n, a, *tr["BT"], D, E, Vb)
-        _products(U, Vb.reshape(a * a, C, n), Mb.reshape(a * a, M, n), False)
-        _tiles_out(Mb, M, a, bias, False, yf, th * m, tw * m, org_out, t0, n, *tr["AT"], Z, O)
+    if COMPILED_PASSES and U.dtype == x.dtype and (keep is None or keep.dtype == x.dtype) and _cblas.nogil_available():
+        # the loop below, compiled whole (one release of the GIL for the pass)
+        kept = V[:0] if keep is None else keep
+        _fwd_blas(a, xf, C, Hq, Wq, org_in, U, V, kept, M, bias, yf, th * m, tw * m, org_out, L, tr["BT"], tr["AT"], D, E, Mx, Z, O)  # fmt: skip
+    else:
+        for t0 in range(0, T, L):
+            n = min(L, T - t0)
+            Vb = V[: a * a * C * n] if keep is None else keep[a * a * C * t0 : a * a * C * (t0 + n)]
+            Mb = Mx[: a * a * M * n]
+            _tiles_in(xf, C, Hq, Wq, org_in, t0, n, a, *tr["BT"], D, E, Vb)
+            _products(U, Vb.reshape(a * a, C, n), Mb.reshape(a * a, M, n), False)
+            _tiles_out(Mb, M, a, bias, False, yf, th * m, tw * m, org_out, t0, n, *tr["AT"], Z, O)
     if not exact:
         y[...] = yq[:, :, :OH, :OW]
 
@@ -525,9 +607,7 @@ def bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m=4, U=None, kept=None, x=None
     th, tw, Hq, Wq = _geometry(N, OH, OW, m, r)
     ws = Workspace() if ws is None else ws
     T, L, (D, E, Y, Mx, Z, O) = _blocks(ws, N, th, tw, M, max(C, M), a, dt)
-    org_dy, org_x = ws.get("org_in", T, np.uint64), ws.get("org_out", T, np.uint64)
-    _origins(N, M, th, tw, m, th * m, tw * m, org_dy)
-    _origins(N, C, th, tw, m, Hq, Wq, org_x)
+    org_dy, org_x = ws.origins(N, M, th, tw, m, th * m, tw * m), ws.origins(N, C, th, tw, m, Hq, Wq)
     yf = _padded(dy, th * m, tw * m, 0, 0, ws, "pad_dy").reshape(-1)
     if dx is not None:
         U = filters(w, m) if U is None else U
@@ -540,6 +620,21 @@ def bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m=4, U=None, kept=None, x=None
         if kept is None:
             xin = _padded(x, Hq, Wq, ph, pw, ws).reshape(-1)
             V = ws.get("V_x", a * a * C * L, dt)
+    GG = tr["GG_" + np.dtype(dt).name]
+    blas = _cblas.nogil_available() and (dx is None or U.dtype == dt) and (kept is None or kept.dtype == dt)
+    if COMPILED_PASSES and blas and (dw is None or dw.flags.c_contiguous):
+        # the loop below and the last GEMM, compiled whole (one release of the GIL for the pass)
+        none, none3 = Y[:0], ws.get("none3", (0, 0, 0), dt)
+        _bwd_blas(
+            a, m, yf, M, th * m, tw * m, org_dy, C, Hq, Wq, org_x, none3 if dx is None else U,
+            none if dx is None else xf, none if dw is None or kept is not None else xin,
+            none if kept is None else kept, none if dw is None or kept is not None else V,
+            none3 if dw is None else dU, none if dw is None else dw.reshape(-1), float(beta), GG, L,
+            (tr["A"], tr["B"], tr["BT"]), D, E, Y, Mx, Z, O,
+        )  # fmt: skip
+        if dx is not None and not exact:
+            dx[...] = dxq[:, :, ph : ph + H, pw : pw + W]
+        return
     for t0 in range(0, T, L):
         n = min(L, T - t0)
         Yb = Y[: a * a * M * n]
@@ -559,8 +654,7 @@ def bwd(x_shape, dy, w, ph, pw, dx=None, dw=None, m=4, U=None, kept=None, x=None
             _products_nt(Y3, Vb.reshape(a * a, C, n), dU, 0.0 if t0 == 0 else 1.0)
     if dx is not None and not exact:
         dx[...] = dxq[:, :, ph : ph + H, pw : pw + W]
-    if dw is not None:
-        GG = tr["GG_" + np.dtype(dt).name]  # dw (r^2, M*C) = (G kron G)^T @ dU (alpha^2, M*C), written transposed
+    if dw is not None:  # dw (r^2, M*C) = (G kron G)^T @ dU (alpha^2, M*C), written transposed
         _gemm.gemm(True, False, 1.0, dU.reshape(a * a, M * C), GG, beta, dw.reshape(M * C, r * r))
 
 

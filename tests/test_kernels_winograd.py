@@ -171,3 +171,44 @@ def test_conv_rung_falls_back_where_winograd_does_not_apply():
         K.conv_fwd_v7_winograd(x, w, np.zeros(0, np.float32), 1, 1, s, s, 1, 1, y7)
         K.conv_fwd_v3_im2col_blas(x, w, np.zeros(0, np.float32), 1, 1, s, s, 1, 1, y3)
         np.testing.assert_array_equal(y7, y3)
+
+
+def test_same_bits():
+    from kernels.winograd import same_bits
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = a.copy()
+    assert same_bits(a, b)
+    b[2, 3] = np.nextafter(b[2, 3], np.float32(100))
+    assert not same_bits(a, b)
+    z, nz = np.zeros(5), np.zeros(5)
+    nz[4] = -0.0
+    assert not same_bits(z, nz)  # -0.0 == 0.0 as floats, not as bits
+    n1 = np.full(3, np.nan, np.float32)
+    assert same_bits(n1, n1.copy())  # a NaN is its own bits
+    assert not same_bits(a, a.reshape(4, 3)) and not same_bits(a, a.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,r,pad", [((3, 4, 11, 10), 5, 1), ((WG.TILE_BLOCK // 4 + 3, 2, 8, 8), 3, 0)])
+def test_compiled_passes_are_the_python_loop_bit_for_bit(monkeypatch, dtype, shape, r, pad):
+    """A pass's loop compiled whole (COMPILED_PASSES) computes what the loop in Python does, one
+    kernel call at a time (one block or two; kept tiles or x transformed again; beta 0 or 1)."""
+    rng = np.random.default_rng(7)
+    N, C, H, W = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((3, C, r, r)).astype(dtype)
+    bias = rng.standard_normal(3).astype(dtype)
+    dy = rng.standard_normal((N, 3, H + 2 * pad - r + 1, W + 2 * pad - r + 1)).astype(dtype)
+    dw0 = rng.standard_normal(w.shape).astype(dtype)
+    runs = []
+    for compiled in (True, False):
+        monkeypatch.setattr(WG, "COMPILED_PASSES", compiled)
+        y, dx, dw, dw_x = np.empty(dy.shape, dtype), np.empty_like(x), dw0.copy(), np.empty_like(w)
+        keep = np.empty(WG.tiles_size(x.shape, w.shape, pad, pad), dtype)
+        WG.fwd(x, w, bias, pad, pad, y, keep=keep)
+        WG.bwd(x.shape, dy, w, pad, pad, dx=dx, dw=dw, kept=keep, beta=1.0)
+        WG.bwd(x.shape, dy, w, pad, pad, dw=dw_x, x=x)
+        runs.append((y, dx, dw, dw_x))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)

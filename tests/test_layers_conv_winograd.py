@@ -151,3 +151,46 @@ def test_step_plan_lanes_give_the_layer_by_layer_result(tmp_path, monkeypatch, d
         scale = max(1.0, float(np.abs(r).max()))
         np.testing.assert_allclose(a, r, rtol=0, atol=tol * scale)
         np.testing.assert_allclose(b, r, rtol=0, atol=tol * scale)
+
+
+def test_filters_transformed_once_per_change_of_the_weights(rng, few_tiles):
+    """Backward reuses forward's transformed filters; a weight written between the two passes
+    (pycaffe's ``blob.data[...]``, a gradient check's perturbation) is seen, down to its sign bit."""
+    from kernels import winograd
+    from minicaffe.backend import cpu
+
+    layer, bottoms, tops, _ = run(
+        conv_text(16, "kernel_size: 5", 1, True), cpu, [rng.standard_normal((4, 16, 12, 12))], dtype=np.float32
+    )
+    assert layer.route == "winograd" and layer.filter_transforms == 1
+    dy = rng.standard_normal(tops[0].shape).astype(np.float32)
+    tops[0].diff[...] = dy
+
+    def backward():
+        layer.backward(tops, [True], bottoms)
+        return bottoms[0].diff.copy()
+
+    def reference(w):
+        dx = np.empty(bottoms[0].shape, np.float32)
+        winograd.bwd_data(dy, w, 0, 0, dx, m=4)
+        return dx
+
+    old = layer.blobs[0].data.copy()
+    dx = backward()
+    assert layer.filter_transforms == 1  # forward's U served backward
+    np.testing.assert_allclose(dx, reference(old), rtol=1e-5, atol=1e-5 * np.abs(dx).max())
+    forward(layer, bottoms, tops)
+    assert layer.filter_transforms == 1  # the weights did not change: nothing to transform
+
+    layer.blobs[0].data[3, 2, 1, 0] += 0.5  # between forward and backward
+    dx = backward()
+    assert layer.filter_transforms == 2
+    new = layer.blobs[0].data.copy()
+    np.testing.assert_allclose(dx, reference(new), rtol=1e-5, atol=1e-5 * np.abs(dx).max())
+    assert np.abs(dx - reference(old)).max() > 1e-2 * np.abs(dx).max()
+
+    layer.blobs[0].data[0, 0, 0, 0] = 0.0
+    backward()
+    layer.blobs[0].data[0, 0, 0, 0] = -0.0  # equal as a float, not as bits: transformed again
+    backward()
+    assert layer.filter_transforms == 4

@@ -151,6 +151,10 @@ class _ConvBase(Layer):
         self._rows = False
         self._wino = False  # Winograd's route (winograd_rule); then _col holds the transformed input
         self._U = None  # the transformed filters, made on the calling thread before the lanes run
+        self._U_of = None  # the weights U was made from (_filters)
+        self.filter_transforms = 0  # how many times _filters made U (once per change of the weights)
+        self._shaped = None  # (bottom shapes, top shapes, lanes) of the last reshape
+        self._rounds_of = {}  # _rounds' plan per (images, lanes)
         self._wino_ws = []  # one winograd.Workspace per lane: its temporaries, kept
         self._nobias = self.xp.empty(0, self.dtype)  # "no bias" for the backend's direct kernels
 
@@ -194,6 +198,10 @@ class Convolution(_ConvBase):
         return "winograd" if self._wino else "direct" if self._direct else "im2col"
 
     def reshape(self, bottom, top):
+        shaped = (tuple(b.shape for b in bottom), tuple(t.shape for t in top), lanes.count())
+        if shaped == self._shaped:
+            self._col_key = None
+            return  # as the last call left it (every iteration of a run: the net reshapes each forward)
         self.check_bottoms(bottom)
         n, c, h, w = bottom[0].shape
         oh = (h + 2 * self.ph - (self.dh * (self.kh - 1) + 1)) // self.sh + 1
@@ -226,6 +234,7 @@ class Convolution(_ConvBase):
         # size the work buffers for the largest round now (empty: no page is touched before use),
         # so that a memory plan made before the first forward places them (memory.plan_training)
         self._reserve(self._rounds(n)[0][1], gemm=not self._direct)
+        self._shaped = (tuple(b.shape for b in bottom), tuple(t.shape for t in top), lanes.count())
 
     # -- the GEMMs, on one chunk of images (one lane's share of a round) ----------------------------
     def _forward_chunk(self, lane, x, y):
@@ -341,10 +350,15 @@ class Convolution(_ConvBase):
         """[(start, [(a, b) per lane])]: the batch in rounds of up to ``lanes.count()`` chunks
         run at once, each chunk small enough that the round's column buffers fit COL_LIMIT."""
         nl = lanes.count()
-        per_image = self.channels * self.kh * self.kw * self.out_h * self.out_w
-        per = max(1, min(-(-n // nl), COL_LIMIT // max(1, per_image * nl)))
-        size = per * nl
-        return [(s, [(a, min(a + per, n)) for a in range(s, min(s + size, n), per)]) for s in range(0, n, size)]
+        key = (n, nl, self.out_h, self.out_w)
+        plan = self._rounds_of.get(key)
+        if plan is None:
+            per_image = self.channels * self.kh * self.kw * self.out_h * self.out_w
+            per = max(1, min(-(-n // nl), COL_LIMIT // max(1, per_image * nl)))
+            size = per * nl
+            plan = [(s, [(a, min(a + per, n)) for a in range(s, min(s + size, n), per)]) for s in range(0, n, size)]
+            plan = self._rounds_of[key] = tuple((s, tuple(parts)) for s, parts in plan)
+        return list(plan)
 
     def _tiles(self, n):
         """Values of n images' transformed input (Winograd's route)."""
@@ -365,13 +379,25 @@ class Convolution(_ConvBase):
         return ws
 
     def _filters(self):
-        """Winograd's transformed filters, once per pass on the calling thread (the lanes read them)."""
-        if self._wino:
-            w = self.blobs[0].dev_data
-            n = (self._m + self.kh - 1) ** 2 * w.size // (self.kh * self.kw)
-            if self._U is None or self._U.size != n:
-                self._U = self.xp.empty(n, self.dtype)
-            self._U = _winograd.filters(w, self._m, out=self._U)
+        """Winograd's transformed filters U for the weights as they are now, made on the calling
+        thread before the lanes run (they read U).  U is made again only when the weights differ
+        from the copy it was made from (``_U_of``), compared bit for bit (~3 us on LeNet's conv2
+        against ~70 us for the transform): backward reuses forward's U, and a write to the weights
+        by any path between two passes (the solver's update, a gradient check's perturbation,
+        pycaffe's ``blob.data[...] =``) is seen.  U is made from the copy, so it is exactly the
+        transform of the weights that were compared."""
+        if not self._wino:
+            return
+        w = self.blobs[0].dev_data
+        if self._U is not None and _winograd.same_bits(w, self._U_of):
+            return
+        n = (self._m + self.kh - 1) ** 2 * w.size // (self.kh * self.kw)
+        if self._U is None or self._U.size != n or self._U_of.shape != w.shape:
+            self._U = self.xp.empty(n, self.dtype)
+            self._U_of = self.xp.empty(w.shape, self.dtype)
+        self._U_of[...] = w
+        self._U = _winograd.filters(self._U_of, self._m, out=self._U)
+        self.filter_transforms += 1
 
     def _reserve(self, parts, gemm=True):
         """Size the buffers for a round before its lanes start (they only take views); the
