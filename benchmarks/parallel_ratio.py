@@ -14,9 +14,11 @@ thread: "minicaffe 1 thread") and one by a ParallelTrainer with N workers ("mini
 N"), and times them in alternating bursts of ``--steps`` calls of ``step(1)`` each (as
 lenet_vs_pytorch times them; a burst's step is their median) or, with ``--continuous``, one
 ``step(steps)`` call each (a burst's step is its mean: continuous training, a run's start and end
-counted once), after ``--warmup`` steps of each.  Per burst the ratio of the two steps; the summary is the median over bursts of the one-thread step, of the N-worker
-step and of the per-burst ratio, with its quartiles.  The load average is printed before and
-after.
+counted once), after ``--warmup`` steps of each; 50 ms pass before each burst (the other
+solver's data reader refills its prefetch queue meanwhile, not during the timing).  Per burst
+the ratio of the two steps; the summary is the median over bursts of the one-thread step, of
+the N-worker step and of the per-burst ratio, with its quartiles.  The load average is printed
+before and after.
 """
 
 import argparse
@@ -62,6 +64,9 @@ def main(argv=None):
     med = {name: [] for name in runs}
     for _ in range(args.bursts):
         for name, step in runs.items():
+            # the other solver's data reader refills its prefetch queue after a burst: let it
+            # finish, so that its thread does not take a core from this burst's timing
+            time.sleep(0.05)
             if args.continuous:
                 t = time.perf_counter()
                 step(args.steps)
