@@ -57,6 +57,9 @@ How this file computes it (the engine's layout, every loop a unit-stride run ove
   3. products: for each xi, Mx[xi] = U[xi] @ V[xi] by BLAS (kernels.cblas, without the GIL).
   4. output: A^T on both axes (AXPYs over tiles again), bias, and the m x m results scattered
      into y (a partial tile at the right or bottom edge writes only what lies inside).
+Steps 2-4, over every block of tiles, are one compiled call (``_fwd_blas``; ``_bwd_blas`` for
+the gradients) where BLAS can be called without the GIL: with --workers every release of the
+GIL is a point where a thread may have to wait for the other to give it back.
 The gradients are these steps transposed and run backwards (``bwd``): each m x m tile of dy is
 transformed by A on both axes (alpha x alpha); the data gradient multiplies it by U[xi]^T over
 the output channels, transforms by B and adds each tile into dx (tiles overlap by r - 1); the
