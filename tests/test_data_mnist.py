@@ -17,7 +17,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from minicaffe.data import DatasetError, idx, mnist
+from minicaffe.data import BatchReader, Dataset, DatasetError, Transformer, idx, mnist
 from minicaffe.data import __main__ as cli
 from minicaffe.data._util import Progress
 
@@ -429,6 +429,53 @@ def test_a_npy_file_data_set_reads_any_indices_as_np_load(tmp_path, monkeypatch,
     ds.close()
     with pytest.raises(DatasetError, match="was closed"):
         ds.gather(np.array([1]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "transform",
+    [
+        {},
+        {"scale": 0.00390625},
+        {"mean_value": [127.5], "scale": 0.0078125},
+        {"mean_value": [33.3, 101.7], "scale": 0.7},
+    ],
+)
+def test_a_npy_file_data_set_reads_and_transforms_in_one_compiled_call_with_numpy_bits(tmp_path, transform, dtype):
+    """A per-channel affine transform of a bytes .npy file (MNIST's ``scale: 0.00390625``) is done
+    inside the compiled read (the reader's ``fused``), with the very bits of the Transformer's numpy
+    passes over ``gather``'s bytes, in the same order; a crop, a TRAIN mirror or a mean image keeps
+    the numpy path; a read that comes short is the same clear error."""
+    from minicaffe.data import sources
+
+    if not sources.NOGIL_READS:
+        pytest.skip("no C pread with a 64-bit offset here: the numpy transform runs (tested elsewhere)")
+    images = np.random.default_rng(5).integers(0, 256, (50, 2, 3, 5), dtype=np.uint8)
+    images[0] = 0  # the extremes: 0 - mean, 255 - mean
+    images[1] = 255
+    path = tmp_path / "images.npy"
+    np.save(path, images)
+    ds = sources.NpyFileDataset("x", path, np.arange(50))
+    tr = Transformer(phase="TRAIN", dtype=dtype, **transform)
+    fused = BatchReader(ds, 20, tr, shuffle=True, seed=3, dtype=dtype)
+    assert fused.fused is not None
+    plain = BatchReader(Dataset("x", images, np.arange(50)), 20, tr, shuffle=True, seed=3, dtype=dtype)
+    assert plain.fused is None  # (an in-memory Dataset: numpy's passes)
+    pos_a = pos_b = (0, 0)
+    for _ in range(6):  # across an epoch's end
+        a, la, pos_a = fused.produce(*pos_a)
+        b, lb, pos_b = plain.produce(*pos_b)
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape == (20, 2, 3, 5)
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))  # the same bits
+        np.testing.assert_array_equal(la, lb)
+        assert la.dtype == dtype and pos_a == pos_b
+    for other in ({"crop_size": 2}, {"mirror": True}, {"mean_file": np.zeros((2, 3, 5))}):
+        assert BatchReader(ds, 4, Transformer(phase="TRAIN", dtype=dtype, **other)).fused is None
+    assert BatchReader(ds, 4, Transformer(phase="TEST", mirror=True, dtype=dtype)).fused is not None
+    path.write_bytes(path.read_bytes()[: -images[0].size * 3])  # the last 3 images cut off
+    with pytest.raises(DatasetError, match=r"images.npy: image 48: the read came short"):
+        ds.gather_affine(np.array([3, 48]), *tr.affine(2))
+    ds.close()
 
 
 @pytest.mark.slow

@@ -53,6 +53,27 @@ def read_rows(fd, offset, item, indices, rows):
     return -1, 0
 
 
+@njit(nogil=True, cache=True)
+def read_rows_affine(fd, offset, item, indices, rows, out, mean, scale):
+    """``read_rows``, then ``out[i, c, :] = (rows[i] as out's float type - mean[c]) * scale[0]``
+    for the (n, C, H*W) float output ``out``: the Transformer's per-channel affine (minicaffe.data.
+    transform) done in the same call without the GIL.  Each step is the one numpy does, in the
+    same float type (the store converts a byte exactly, then one subtraction, one product), so the
+    bits are numpy's; a mean of 0 and a scale of 1 change no bit.  Returns ``read_rows``'s."""
+    j, got = read_rows(fd, offset, item, indices, rows)
+    if j >= 0:
+        return j, got
+    n, channels, plane = out.shape
+    s = scale[0]
+    for i in range(n):
+        for c in range(channels):
+            m = mean[c]
+            for p in range(plane):
+                out[i, c, p] = rows[i, c * plane + p]  # exact: a byte fits any float type
+                out[i, c, p] = (out[i, c, p] - m) * s
+    return -1, 0
+
+
 def _stack(images):
     first = images[0].shape
     if all(im.shape == first for im in images):
@@ -141,26 +162,16 @@ class NpyFileDataset:
             return os.readv(self._fd, [out])
 
     def gather(self, indices):
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= self.count):
-            raise DatasetError(f"'{self.name}': image index out of range 0..{self.count - 1}")
-        if self._fd is None:
-            raise DatasetError(f"'{self.name}': {self.path} was closed")
+        idx, fd = self._check(indices)
         out = np.empty((idx.size,) + self.shape, dtype=self.dtype)
         rows = out.view(np.uint8).reshape(idx.size, self.item)  # one row of bytes per image
         if not idx.size:
             return out, self.labels[idx]
         if NOGIL_READS:
-            j, got = read_rows(self._fd, self.offset, self.item, idx, rows)
+            j, got = read_rows(fd, self.offset, self.item, idx, rows)
             if j < 0:
                 return out, self.labels[idx]
-            where = f"{self.path}: image {int(idx[j])}"
-            if got < 0:  # the system's reason: the same read again, from Python
-                try:
-                    self._read(rows[j : j + 1], self.offset + int(idx[j]) * self.item)
-                except (OSError, TypeError) as e:
-                    raise DatasetError(f"{where} cannot be read: {getattr(e, 'strerror', None) or e}") from None
-            raise DatasetError(f"{where}: the read came short ({got} bytes; file changed?)")
+            self._read_failed(idx, rows, j, got)
         starts = np.flatnonzero(np.diff(idx) != 1) + 1
         for a, b in zip([0, *starts.tolist()], [*starts.tolist(), idx.size]):
             want = (b - a) * self.item
@@ -170,6 +181,46 @@ class NpyFileDataset:
                     f"{self.path}: image {int(idx[a])}: the read came short ({got} bytes; file changed?)"
                 )
         return out, self.labels[idx]
+
+    def can_gather_affine(self):
+        """Whether :meth:`gather_affine` can do the transform in the compiled read: bytes (uint8)
+        images, and C's pread."""
+        return NOGIL_READS and self.dtype == np.uint8
+
+    def gather_affine(self, indices, mean, scale):
+        """``gather`` and the Transformer's affine part in one compiled call without the GIL:
+        -> (images (n, C, H, W) of ``mean``'s float type, each ``(pixel - mean[c]) * scale``,
+        labels).  The bits are those of ``Transformer(...)(gather(indices)[0])`` (see
+        :meth:`can_gather_affine` for when it applies); it saves a Python thread the transform's
+        passes and arrays (``benchmarks/reader_cost.py``)."""
+        idx, fd = self._check(indices)
+        out = np.empty((idx.size,) + self.shape, dtype=mean.dtype)
+        rows = np.empty((idx.size, self.item), dtype=np.uint8)
+        scale = np.full(1, scale, dtype=mean.dtype)
+        j, got = read_rows_affine(
+            fd, self.offset, self.item, idx, rows, out.reshape(idx.size, self.shape[0], -1), mean, scale
+        )
+        if j >= 0:
+            self._read_failed(idx, rows, j, got)
+        return out, self.labels[idx]
+
+    def _check(self, indices):
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.count):
+            raise DatasetError(f"'{self.name}': image index out of range 0..{self.count - 1}")
+        if self._fd is None:
+            raise DatasetError(f"'{self.name}': {self.path} was closed")
+        return idx, self._fd
+
+    def _read_failed(self, idx, rows, j, got):
+        """Raise the clear error of a compiled read that came short at ``idx[j]``."""
+        where = f"{self.path}: image {int(idx[j])}"
+        if got < 0:  # the system's reason: the same read again, from Python
+            try:
+                self._read(rows[j : j + 1], self.offset + int(idx[j]) * self.item)
+            except (OSError, TypeError) as e:
+                raise DatasetError(f"{where} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+        raise DatasetError(f"{where}: the read came short ({got} bytes; file changed?)")
 
     def close(self):
         fd, self._fd = self._fd, None

@@ -77,6 +77,19 @@ class Transformer:
         """Whether a transform draws random numbers (crop or mirror at TRAIN)."""
         return self.phase == "TRAIN" and (self.mirror or self.crop_size > 0)
 
+    def affine(self, channels):
+        """When this transform is only ``(pixel - mean[c]) * scale`` (no crop, no mirror, no mean
+        image): (mean (channels,) of ``dtype``, scale); else None.  A reader may then do it inside
+        its compiled read (``NpyFileDataset.gather_affine``), with the bits of :meth:`__call__`."""
+        if self.crop_size or self.mean_image is not None or (self.mirror and self.phase == "TRAIN"):
+            return None
+        if self.mean_value and len(self.mean_value) not in (1, channels):
+            return None  # (output_shape says why)
+        mean = np.zeros(channels, dtype=self.dtype)
+        if self.mean_value:
+            mean[:] = np.asarray(self.mean_value, dtype=self.dtype)
+        return mean, self.scale
+
     def output_shape(self, in_shape):
         """(C, H, W) of an input image -> (C, h, w) of its transform; checks the sizes fit."""
         c, h, w = in_shape

@@ -462,9 +462,13 @@ class ParallelTrainer:
                 )
             self._shards, self._rule = plan, Rule(solver)
             solver.set_updater(self._sharded_update)
-        self._pinned = self._cores_to_pin()
+        cores = blas.allowed_cores()  # (a system call: once per run)
+        self._pinned = self._cores_to_pin(cores)
+        # OpenBLAS's count is set only when it changes: setting it costs 10-40 us, a noticeable
+        # part of a run's start and end when a loop calls step(1)
         self._saved_blas = blas.get_threads()
-        blas.set_threads(self.blas_threads)
+        if self._saved_blas != self.blas_threads:
+            blas.set_threads(self.blas_threads)
         # with iter_size 1 every clock writes all of G (the sharded update, or the reduce below),
         # so the Solver need not clear it first: 1.7 MB of LeNet's gradient per step
         solver.set_gradient_source(self._gather, overwrites=self.iter_size == 1)
@@ -494,7 +498,7 @@ class ParallelTrainer:
             self._cv.notify_all()
         self._saved_affinity = None
         if self.inline and self._pinned:  # this thread is worker 0: its core, until the run ends
-            self._saved_affinity = blas.allowed_cores()
+            self._saved_affinity = cores
             blas.pin_thread(self._pinned[0])
         mode = "BSP" if not self.staleness else f"SSP, staleness {self.staleness}"
         update = (
@@ -512,11 +516,10 @@ class ParallelTrainer:
                 + (f", worker k on core {self._pinned}[k]" if self._pinned else "")
             )
 
-    def _cores_to_pin(self):
-        """The core of each worker, or None: do not pin."""
+    def _cores_to_pin(self, cores):
+        """The core of each worker, or None: do not pin (``cores``: those the process may use)."""
         from . import lanes
 
-        cores = blas.allowed_cores()
         if self.pin is False or not cores:
             return None
         fills = len(cores) == self.n and self.blas_threads == 1 and lanes.count() == 1
@@ -562,7 +565,7 @@ class ParallelTrainer:
                 layer.seek(self._positions[self._clock][layer.name])
         if self._previous_sigint is not None:
             signal.signal(signal.SIGINT, self._previous_sigint)
-        if self._saved_blas:
+        if self._saved_blas and self._saved_blas != self.blas_threads:
             blas.set_threads(self._saved_blas)
 
     def _data_state(self, layer):
