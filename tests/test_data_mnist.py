@@ -441,13 +441,16 @@ def test_a_npy_file_data_set_reads_any_indices_as_np_load(tmp_path, monkeypatch,
         {"mean_value": [33.3, 101.7], "scale": 0.7},
     ],
 )
-def test_a_npy_file_data_set_reads_and_transforms_in_one_compiled_call_with_numpy_bits(tmp_path, transform, dtype):
+def test_a_npy_file_data_set_reads_and_transforms_in_one_compiled_call_with_numpy_bits(
+    tmp_path, monkeypatch, transform, dtype
+):
     """A per-channel affine transform of a bytes .npy file (MNIST's ``scale: 0.00390625``) is done
     inside the compiled read (the reader's ``fused``), with the very bits of the Transformer's numpy
     passes over ``gather``'s bytes, in the same order; a crop, a TRAIN mirror or a mean image keeps
     the numpy path; a read that comes short is the same clear error."""
-    from minicaffe.data import sources
+    from minicaffe.data import reader, sources
 
+    monkeypatch.setattr(reader, "FUSED_READS", True)  # off by default (its memory: minicaffe/data/reader.py)
     if not sources.NOGIL_READS:
         pytest.skip("no C pread with a 64-bit offset here: the numpy transform runs (tested elsewhere)")
     images = np.random.default_rng(5).integers(0, 256, (50, 2, 3, 5), dtype=np.uint8)

@@ -43,6 +43,12 @@ import numpy as np
 
 from ._util import DatasetError
 
+#: read and transform a batch in one compiled call where the transform allows it (BatchReader.fused).
+#: Off by default: it saves the reader's thread ~3 us of a ~79 us batch, and its kernel's memory,
+#: with the rest of a training run's, took ``python -m minicaffe.train lenet`` over its memory
+#: budget (tests/test_memory_jitcode.py)
+FUSED_READS = False
+
 
 class BatchReader:
     """The batch at a position of ``dataset``: a pure function of (epoch, index) and the seed."""
@@ -60,7 +66,7 @@ class BatchReader:
         #: (mean, scale) when the dataset reads and transforms a batch in one compiled call
         #: (a per-channel affine transform of bytes: MNIST's ``scale: 0.00390625``), else None
         self.fused = None
-        if transformer is not None and getattr(dataset, "can_gather_affine", lambda: False)():
+        if FUSED_READS and transformer is not None and getattr(dataset, "can_gather_affine", lambda: False)():
             self.fused = transformer.affine(dataset.shape[0])
 
     @property
