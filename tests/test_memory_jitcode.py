@@ -95,6 +95,67 @@ def test_llvm_mappings_found_by_library_name(tmp_path):
     assert jitcode.llvm_mappings(str(tmp_path / "absent")) == []
 
 
+# A module with two cached kernels, run in fresh processes: the first run fills numba's cache, the
+# second loads ``inner`` from it inside drop_linking_modules, then compiles ``outer`` (not cached),
+# which calls ``inner`` and so links its module in.
+LINKED = """
+import numba
+@numba.njit(cache=True)
+def inner(x):
+    return x * 2.0 + 1.0
+def outer_source():
+    @numba.njit
+    def outer(x):
+        return inner(x) - 3.0
+    return outer
+"""
+
+LINK_CHECK = """
+import sys
+import numpy as np
+from minicaffe.memory import jitcode
+import linked
+with jitcode.drop_linking_modules() as ok:
+    assert ok, "numba's CPUCodeLibrary internals were not found"
+    assert linked.inner(2.0) == 5.0
+    (cres,) = linked.inner.overloads.values()
+    library = cres.library
+    print("loaded from cache", sum(linked.inner.stats.cache_hits.values()))
+    print("parsed module kept", library._shared_module is not None)
+    print("bitcode kept", len(getattr(library, "_linking_bitcode", b"")))
+    outer = linked.outer_source()
+    print("outer", outer(2.0))
+    print("parsed back", library._shared_module is not None)
+"""
+
+
+@linux_only
+def test_kernels_loaded_from_the_cache_keep_bitcode_and_link_after(tmp_path):
+    """Inside ``drop_linking_modules`` a kernel loaded from numba's cache keeps its linking module
+    as bitcode, not parsed (the memory the train tool saves); a kernel compiled after that calls
+    it parses it back, links it and computes the right value.  Outside, numba is unchanged."""
+    (tmp_path / "linked.py").write_text(LINKED)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")]))
+
+    def run(code):
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
+
+    run("import linked; assert linked.inner(1.0) == 3.0")  # fills the cache
+    got = run(LINK_CHECK)
+    assert got["loaded from cache"] != "0", got
+    assert got["parsed module kept"] == "False" and int(got["bitcode kept"]) > 0, got
+    assert float(got["outer"]) == 2.0 and got["parsed back"] == "True", got
+    # outside a block, a cached load keeps numba's parsed module
+    outside = run(
+        "import linked\nlinked.inner(2.0)\n(c,) = linked.inner.overloads.values()\nprint('kept', c.library._shared_module is not None)"
+    )
+    assert outside["kept"] == "True", outside
+
+
 TRAIN = """
 import numpy as np, os, sys
 from minicaffe.data import register_dataset

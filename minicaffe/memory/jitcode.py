@@ -18,6 +18,12 @@ the library stays.
         load_jit_runtime()              # numba's runtime and LLVM's JIT engine, before big arrays
         ...                             # every compile or cache load ends with LLVM released again
 
+A kernel loaded from numba's cache also keeps a parsed copy of its LLVM module beside its machine
+code (``CPUCodeLibrary._shared_module``), used only if a kernel compiled later calls it and links
+it in: ~4.4 MiB of heap for the ~30 kernels of a LeNet run.  ``keep_llvm_code_out`` drops these
+copies as each kernel loads and keeps the module's bitcode instead (~1 MiB for all of them, the
+bytes the cache held), parsed again only if a compile ever links it (``drop_linking_modules``).
+
 ``keep_llvm_code_out`` listens to numba's documented event API (``numba.core.event``, the
 ``numba:compiler_lock`` event): whenever a thread leaves the outermost compiler lock, the pages
 LLVM touched are released.  A training step takes that lock only on its first iteration (as each
@@ -144,14 +150,87 @@ class _ReleaseAfterCompiling(numba.core.event.Listener):
             self.count += 1
 
 
+# -- the parsed LLVM module a cached kernel keeps for linking ------------------------------------
+# numba's CPUCodeLibrary: ``_unserialize`` builds a kernel's library from its cache entry (machine
+# code and the bitcode of the module to link into other kernels, parsed at once into
+# ``_shared_module``); ``_get_module_for_linking`` returns that module when a kernel being compiled
+# calls this one.  Both are numba internals (checked by tests/test_memory_jitcode.py): where they
+# are missing, nothing is dropped.
+_drop_depth = 0  # how many drop_linking_modules blocks are open, in any thread
+_patched = False
+_patch_lock = threading.Lock()
+
+
+def _codegen_class():
+    from numba.core import codegen
+
+    cls = getattr(codegen, "CPUCodeLibrary", None)
+    ok = cls is not None and hasattr(cls, "_unserialize") and hasattr(cls, "_get_module_for_linking")
+    return cls if ok else None
+
+
+def _patch_codegen():
+    """Wrap numba's two methods once per process (idempotent): a library loaded inside a
+    ``drop_linking_modules`` block (in any thread) keeps its linking module's bitcode, not the parsed module; asked
+    for the module, it parses the bitcode back first.  Outside a block nothing changes."""
+    global _patched
+    with _patch_lock:
+        cls = _codegen_class()
+        if _patched or cls is None:
+            return _patched
+        unserialize = cls._unserialize.__func__
+        module_for_linking = cls._get_module_for_linking
+
+        def _unserialize(klass, codegen, state):
+            library = unserialize(klass, codegen, state)
+            name, kind, data = state
+            if _drop_depth and kind == "object" and getattr(library, "_shared_module", None) is not None:
+                library._linking_bitcode = data[1]  # the bytes the cache entry held
+                library._shared_module = None  # the parsed module goes with its last reference
+            return library
+
+        def _get_module_for_linking(self):
+            bitcode = self.__dict__.pop("_linking_bitcode", None)
+            if bitcode is not None and self._shared_module is None:
+                import llvmlite.binding as ll
+
+                self._shared_module = ll.parse_bitcode(bitcode)
+            return module_for_linking(self)
+
+        cls._unserialize = classmethod(_unserialize)
+        cls._get_module_for_linking = _get_module_for_linking
+        _patched = True
+        return True
+
+
+@contextlib.contextmanager
+def drop_linking_modules():
+    """Within the block, every kernel loaded from numba's cache (by any thread: the lanes load
+    theirs) keeps its linking module as bitcode instead of a parsed LLVM module; a kernel compiled
+    later that calls it parses it back.  Yields whether numba's internals were found (False:
+    nothing is dropped)."""
+    global _drop_depth
+    ok = _patch_codegen()
+    with _patch_lock:
+        _drop_depth += 1
+    try:
+        yield ok
+    finally:
+        with _patch_lock:
+            _drop_depth -= 1
+
+
 @contextlib.contextmanager
 def keep_llvm_code_out():
     """Within the block, LLVM's code is released after every compile and every cache load, and
-    once on entry; yields the listener (its ``count`` of releases, ``released`` bytes)."""
+    once on entry, and kernels loaded from the cache keep no parsed linking module
+    (``drop_linking_modules``); yields the listener (its ``count`` of releases, ``released``
+    bytes)."""
     listener = _ReleaseAfterCompiling()
     numba.core.event.register("numba:compiler_lock", listener)
     try:
-        listener.released += release_llvm_code()
-        yield listener
+        with drop_linking_modules():
+            listener.released += release_llvm_code()
+            yield listener
     finally:
         numba.core.event.unregister("numba:compiler_lock", listener)
