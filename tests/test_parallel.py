@@ -92,7 +92,13 @@ def test_bsp_equals_one_thread_on_the_whole_batch(tmp_path, n, server_computes):
 
 
 def test_bsp_equivalence_lenet_with_momentum_and_decay(tmp_path):
-    """LeNet, Caffe's solver settings, a registered deterministic data set: 2 workers == 1."""
+    """LeNet, Caffe's solver settings, a registered deterministic data set: 2 workers == 1.
+
+    Both sides run their GEMMs with one BLAS thread, as each worker does (the trainer sets it):
+    with more, ``kernels.gemm.gemm_auto`` hands LeNet's long-k GEMMs to OpenBLAS instead of v5's
+    kernel, whose rounding differs by ~1e-7; LeNet's conv1 bias gradient is a sum of 36,864
+    nearly cancelling terms, and four steps of momentum grow that to ~2e-5 (serial against
+    serial, one BLAS thread against two), where the two sides here agree to ~3e-8."""
     from minicaffe.solvers import load_solver_param
 
     nets = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nets")
@@ -116,7 +122,12 @@ def test_bsp_equivalence_lenet_with_momentum_and_decay(tmp_path):
             return get_solver(param, log=lambda m: None)
 
         serial, par = make(), make()
-        serial.step(4)
+        saved = blas.get_threads()
+        blas.set_threads(1)
+        try:
+            serial.step(4)
+        finally:
+            blas.set_threads(saved)
         ParallelTrainer(par, 2).step(4)
         assert_params_close(params_of(serial), params_of(par))
     finally:
