@@ -122,7 +122,7 @@ with jitcode.drop_linking_modules() as ok:
     library = cres.library
     print("loaded from cache", sum(linked.inner.stats.cache_hits.values()))
     print("parsed module kept", library._shared_module is not None)
-    print("bitcode kept", len(getattr(library, "_linking_bitcode", b"")))
+    print("bitcode kept", len(jitcode.dropped_bitcode(library) or b""))
     outer = linked.outer_source()
     print("outer", outer(2.0))
     print("parsed back", library._shared_module is not None)

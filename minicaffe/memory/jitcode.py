@@ -39,6 +39,7 @@ import mmap
 import os
 import sys
 import threading
+import weakref
 
 import numba
 import numba.core.event
@@ -159,6 +160,13 @@ class _ReleaseAfterCompiling(numba.core.event.Listener):
 _drop_depth = 0  # how many drop_linking_modules blocks are open, in any thread
 _patched = False
 _patch_lock = threading.Lock()
+_dropped = weakref.WeakKeyDictionary()  # library -> its linking module's bitcode, while not parsed
+
+
+def dropped_bitcode(library):
+    """The bitcode a numba code library loaded inside ``drop_linking_modules`` keeps instead of its
+    parsed linking module, or None (not dropped, or parsed back since)."""
+    return _dropped.get(library)
 
 
 def _codegen_class():
@@ -171,8 +179,9 @@ def _codegen_class():
 
 def _patch_codegen():
     """Wrap numba's two methods once per process (idempotent): a library loaded inside a
-    ``drop_linking_modules`` block (in any thread) keeps its linking module's bitcode, not the parsed module; asked
-    for the module, it parses the bitcode back first.  Outside a block nothing changes."""
+    ``drop_linking_modules`` block (in any thread) keeps its linking module's bitcode, not the
+    parsed module; asked for the module, it parses the bitcode back first.  Outside a block
+    nothing changes."""
     global _patched
     with _patch_lock:
         cls = _codegen_class()
@@ -185,12 +194,12 @@ def _patch_codegen():
             library = unserialize(klass, codegen, state)
             name, kind, data = state
             if _drop_depth and kind == "object" and getattr(library, "_shared_module", None) is not None:
-                library._linking_bitcode = data[1]  # the bytes the cache entry held
+                _dropped[library] = data[1]  # the bytes the cache entry held
                 library._shared_module = None  # the parsed module goes with its last reference
             return library
 
         def _get_module_for_linking(self):
-            bitcode = self.__dict__.pop("_linking_bitcode", None)
+            bitcode = _dropped.pop(self, None)
             if bitcode is not None and self._shared_module is None:
                 import llvmlite.binding as ll
 
