@@ -149,6 +149,13 @@ def nogil_available():
     return _linked_state[0]
 
 
+def preload_prepare():
+    """minicaffe/memory/preload.py calls this before it loads kernels of a run from numba's cache:
+    code calling ``_gemm_nogil`` (here and in kernels/winograd.py) links against the names
+    registered above, and loading it where they are not registered aborts the process."""
+    return nogil_available()
+
+
 def gemm(alpha, A, B, beta, c):
     """c = alpha A @ B + beta c with one BLAS call; True when done, False when this process has
     no cblas for c's dtype, A and B are not of c's dtype, c is read-only, or an operand is not

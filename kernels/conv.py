@@ -444,84 +444,120 @@ def conv_bwd_filter_v4_implicit(x, dy, ph, pw, sh, sw, dh, dw, dwt):
             _gemm._gemm_micro_cols(one, dyb[:, :nb], False, buf[: p1 - p0, :nb], True, dw2[:, p0:p1], 0, p1 - p0)
 
 
-# -- v6: direct convolution over shifted rows (few input channels: LeNet's conv1) ------------------------
-# With stride 1, output pixel (oh, ow) of tap (c, i, j) reads the padded input at flat position
-# c*Hp*Wp + (oh + i*dh)*Wp + (ow + j*dw) = q + off[c, i, j], where q = oh*Wp + ow indexes an output
-# grid as wide as the padded input: the Wp - OW extra columns of each row are computed and thrown
-# away.  So each tap is one long AXPY, acc[m, q] += w[m, tap] * xpad[off[tap] + q], over all OH*Wp
-# positions at once -- not a row of 8-24 values as in v2 -- and the input is read where it lies:
-# no column matrix, no GEMM.  A stride s > 1 is computed at stride 1 and sampled (s*s the work;
-# the engine uses this rung only at stride 1).
+# -- v6: direct convolution over shifted planes (few input channels: LeNet's conv1) -------------------
+# Output pixel (oh, ow) of tap (c, i, j) reads the padded input at row oh*sh + i*dh, column
+# ow*sw + j*dw.  Each image is first copied into "shifted planes": plane (j, b, c) holds, at
+# row r and column ow, the padded input's row r*sh + b and column ow*sw + j*dw -- channel c
+# shifted left by the tap's column and sampled at the stride, so its rows are exactly as wide
+# as the output.  Writing i*dh = a*sh + b, tap (c, i, j) then reads plane (j, b, c) at row
+# oh + a, column ow: flat position off[c, i, j] + q, where q = oh*OW + ow runs over the output
+# itself.  So each tap is one long AXPY over all OH*OW outputs of an image,
+#     y[n, m, q] += w[m, tap] * planes[off[tap] + q],
+# not a row of 8-24 values as in v2, with no column matrix and no GEMM: the planes are
+# kw*sh*C rows of OW per output row (LeNet's conv1: 5 planes of 28 x 24, 13 KB an image,
+# against im2col's 25 x 576 columns).  The weight gradient is the same read turned into dot
+# products: dW[m, tap] += dot(dy[n, m, :], planes[off[tap] :]).
+# (The first form read the padded image itself, q = oh*Wp + ow, so its output grid was as wide
+# as the padded input: LeNet's conv1 computed 672 outputs for 576 and a stride s > 1 took s*s
+# the work; its forward then copied the valid columns out and its backward spread dy onto the
+# wide grid.  docs/KERNELS.md has both.)
 
 
 @njit(nogil=True, cache=True)
-def _shifted_setup(C, H, W, kh, kw, ph, pw, dh, dw):
-    """Padded plane (Hp, Wp), the stride-1 output grid's rows OH1 and length L = OH1*Wp, the
-    taps' flat offsets into the padded image, and its buffer (with the slack the last tap reads)."""
-    Hp, Wp = H + 2 * ph, W + 2 * pw
-    OH1 = Hp - dh * (kh - 1)
+def _shifted_setup(C, H, W, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW):
+    """The planes' rows Hs (OH plus the rows the lowest tap reaches below), each tap's flat
+    offset into the planes, and the planes' size.  The taps are taken a kernel column at a
+    time, tap t = (c*kw + j)*kh + i, so the five taps of one AXPY pass read one plane at five
+    rows' offsets (one stream, in L1) rather than five planes."""
+    Hs = OH + dh * (kh - 1) // sh
     offs = np.empty(C * kh * kw, np.int64)
     for c in range(C):
-        for i in range(kh):
-            for j in range(kw):
-                offs[(c * kh + i) * kw + j] = c * Hp * Wp + i * dh * Wp + j * dw
-    return Hp, Wp, OH1, OH1 * Wp, offs, C * Hp * Wp + dw * (kw - 1)
+        for j in range(kw):
+            for i in range(kh):
+                a, b = divmod(i * dh, sh)
+                offs[(c * kw + j) * kh + i] = (((j * sh + b) * C + c) * Hs + a) * OW
+    return Hs, offs, kw * sh * C * Hs * OW
 
 
 @njit(nogil=True, cache=True)
-def _shifted_pad(x, n, ph, pw, Hp, Wp, xb):
-    """xb = image n of x, zero-padded to (C, Hp, Wp), then zeros (the slack).  Flat indices,
-    no view per row."""
+def _tap(c, i, j, kh, kw):
+    """Tap (c, i, j)'s place in the taps' order (see _shifted_setup)."""
+    return (c * kw + j) * kh + i
+
+
+@njit(nogil=True, cache=True)
+def _shifted_planes(x, n, ph, pw, sh, sw, dw, kw, Hs, OW, xs):
+    """xs = image n of x as the shifted planes (see above): plane (j, b, c) row r is the
+    padded input's row r*sh + b from column j*dw on, every sw-th value, zero where that lies
+    in the padding.  Flat indices, no view per row."""
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
     xf = x.reshape(x.size)
-    xb[:] = 0
-    for c in range(C):
-        for h in range(H):
-            o = _U(c * Hp * Wp + (h + ph) * Wp + pw)
-            s = _U(((n * C + c) * H + h) * W)
-            for k in range(_U(W)):
-                xb[o + k] = xf[s + k]
+    for j in range(kw):
+        # the columns ow whose input column ow*sw + j*dw - pw lies inside the image: [lo, hi)
+        lo = min(OW, max(0, -(-(pw - j * dw) // sw)))
+        hi = max(lo, min(OW, (W - 1 + pw - j * dw) // sw + 1))
+        for b in range(sh):
+            for c in range(C):
+                for r in range(Hs):
+                    o = _U((((j * sh + b) * C + c) * Hs + r) * OW)
+                    h = r * sh + b - ph
+                    if h < 0 or h >= H:
+                        for k in range(_U(OW)):
+                            xs[o + k] = 0
+                        continue
+                    for k in range(_U(lo)):
+                        xs[o + k] = 0
+                    s = ((n * C + c) * H + h) * W + j * dw - pw  # input column of ow = 0 (may be < 0)
+                    if sw == 1:  # unit stride: a copy LLVM vectorizes
+                        for k in range(_U(lo), _U(hi)):
+                            xs[o + k] = xf[_U(s + k)]
+                    else:
+                        for k in range(lo, hi):
+                            xs[o + _U(k)] = xf[_U(s + k * sw)]
+                    for k in range(_U(hi), _U(OW)):
+                        xs[o + k] = 0
 
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
-def _shifted_axpy(w4, i0, offs, xb, acc, L):
-    """acc[k, :L] = sum over taps t of w4[i0 + k, t] * xb[offs[t] : offs[t] + L] for k < 4:
-    kernels.gemm's AXPY kernel with B's rows the shifted input, four rows of acc and five taps
-    (a 5x5 kernel's row) per pass, so each vector load and store of acc carries five FMAs and
-    each load of the input four.  The first pass writes acc instead of adding to it (no pass
-    that clears it first); the last T % 5 taps go one at a time.  The four rows (4 x L values:
-    11 KB for LeNet's conv1) stay in L1 across all the taps and the epilogue that reads them.
-    (Four taps per pass and a clearing pass, the first form, took 1.45x as long on conv1.)"""
+def _shifted_axpy(w4, b4, i0, offs, xs, out, L):
+    """out[k, :L] = b4[i0 + k] + sum over taps t of w4[i0 + k, t] * xs[offs[t] : offs[t] + L]
+    for k < 4: kernels.gemm's AXPY kernel with B's rows the shifted planes, four rows of out and
+    five taps (a 5x5 kernel's column) per pass, so each vector load and store of out carries five
+    FMAs and each load of the planes four.  The first pass writes out (the bias plus its five
+    taps) instead of adding to it; the last T % 5 taps go one at a time.  The four rows (4 x L
+    values: 9 KB for LeNet's conv1) stay in L1 across all the taps.  (Four taps per pass and a
+    clearing pass, the first form, took 1.45x as long on conv1.)"""
     T = w4.shape[1]
     t5 = T - T % 5
-    c0, c1, c2, c3 = acc[0, :L], acc[1, :L], acc[2, :L], acc[3, :L]
+    c0, c1, c2, c3 = out[0, :L], out[1, :L], out[2, :L], out[3, :L]
     i1, i2, i3 = i0 + 1, i0 + 2, i0 + 3
     if t5 == 0:
-        acc[:, :L] = 0
+        c0[:], c1[:], c2[:], c3[:] = b4[i0], b4[i1], b4[i2], b4[i3]
     for t in range(0, t5, 5):
-        b0, b1 = xb[offs[t] : offs[t] + L], xb[offs[t + 1] : offs[t + 1] + L]
-        b2, b3 = xb[offs[t + 2] : offs[t + 2] + L], xb[offs[t + 3] : offs[t + 3] + L]
-        b4 = xb[offs[t + 4] : offs[t + 4] + L]
+        b0, b1 = xs[offs[t] : offs[t] + L], xs[offs[t + 1] : offs[t + 1] + L]
+        b2, b3 = xs[offs[t + 2] : offs[t + 2] + L], xs[offs[t + 3] : offs[t + 3] + L]
+        b4_ = xs[offs[t + 4] : offs[t + 4] + L]
         x00, x01, x02, x03, x04 = w4[i0, t], w4[i0, t + 1], w4[i0, t + 2], w4[i0, t + 3], w4[i0, t + 4]
         x10, x11, x12, x13, x14 = w4[i1, t], w4[i1, t + 1], w4[i1, t + 2], w4[i1, t + 3], w4[i1, t + 4]
         x20, x21, x22, x23, x24 = w4[i2, t], w4[i2, t + 1], w4[i2, t + 2], w4[i2, t + 3], w4[i2, t + 4]
         x30, x31, x32, x33, x34 = w4[i3, t], w4[i3, t + 1], w4[i3, t + 2], w4[i3, t + 3], w4[i3, t + 4]
         if t == 0:
+            d0, d1, d2, d3 = b4[i0], b4[i1], b4[i2], b4[i3]
             for q in range(L):
-                u, v, s, z, e = b0[q], b1[q], b2[q], b3[q], b4[q]
-                c0[q] = x00 * u + x01 * v + x02 * s + x03 * z + x04 * e
-                c1[q] = x10 * u + x11 * v + x12 * s + x13 * z + x14 * e
-                c2[q] = x20 * u + x21 * v + x22 * s + x23 * z + x24 * e
-                c3[q] = x30 * u + x31 * v + x32 * s + x33 * z + x34 * e
+                u, v, s, z, e = b0[q], b1[q], b2[q], b3[q], b4_[q]
+                c0[q] = d0 + x00 * u + x01 * v + x02 * s + x03 * z + x04 * e
+                c1[q] = d1 + x10 * u + x11 * v + x12 * s + x13 * z + x14 * e
+                c2[q] = d2 + x20 * u + x21 * v + x22 * s + x23 * z + x24 * e
+                c3[q] = d3 + x30 * u + x31 * v + x32 * s + x33 * z + x34 * e
         else:
             for q in range(L):
-                u, v, s, z, e = b0[q], b1[q], b2[q], b3[q], b4[q]
+                u, v, s, z, e = b0[q], b1[q], b2[q], b3[q], b4_[q]
                 c0[q] += x00 * u + x01 * v + x02 * s + x03 * z + x04 * e
                 c1[q] += x10 * u + x11 * v + x12 * s + x13 * z + x14 * e
                 c2[q] += x20 * u + x21 * v + x22 * s + x23 * z + x24 * e
                 c3[q] += x30 * u + x31 * v + x32 * s + x33 * z + x34 * e
     for t in range(t5, T):  # the last T % 5 taps, one at a time
-        b0 = xb[offs[t] : offs[t] + L]
+        b0 = xs[offs[t] : offs[t] + L]
         x00, x10, x20, x30 = w4[i0, t], w4[i1, t], w4[i2, t], w4[i3, t]
         for q in range(L):
             u = b0[q]
@@ -532,38 +568,55 @@ def _shifted_axpy(w4, i0, offs, xb, acc, L):
 
 
 @njit(nogil=True, cache=True)
+def _rows_alias(L, itemsize):
+    """Would four rows L values apart have two whose addresses agree in their low 12 bits (to
+    within a cache line)?  Then a load from one row waits on the stores to another ("4K
+    aliasing", the likely cause): CIFAR-10 quick's conv1 (rows of 1024 floats) ran its forward
+    in 3.96 ms straight into y's rows, 3.40 through a buffer with a padded row stride."""
+    for d in range(1, 4):
+        r = d * L * itemsize % 4096
+        if r < 64 or r > 4096 - 64:
+            return True
+    return False
+
+
+@njit(nogil=True, cache=True)
 def shifted_fwd(x, w, bias, ph, pw, sh, sw, dh, dw, y):
     """y = conv(x, w) + bias for every image of x: the v6 forward (bias (M,) or (0,) for none).
-    The epilogue indexes flat views of acc and y made once per call: a view per output row (an
-    atomic reference count each, 15,000 per call on conv1) cost as much as the FMAs."""
+    Four output channels at a time are computed straight into y's rows (an image's (M, OH*OW)
+    block is contiguous), unless those rows alias (_rows_alias) or it is a last group of
+    M % 4 channels: then into a small buffer with a padded row stride, copied out."""
     N, C, H, W, M, kh, kw, OH, OW = _geometry(x, w, ph, pw, sh, sw, dh, dw, y)
-    Hp, Wp, OH1, L, offs, nb = _shifted_setup(C, H, W, kh, kw, ph, pw, dh, dw)
+    Hs, offs, ns = _shifted_setup(C, H, W, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW)
+    L = OH * OW
     M4 = (M + 3) // 4 * 4
-    w4 = np.zeros((M4, C * kh * kw), y.dtype)  # zero weights past M: four rows per pass
-    w4[:M] = w.reshape(M, C * kh * kw)
-    xb = np.empty(nb, y.dtype)
-    acc = np.empty((4, L), y.dtype)
-    af, yf = acc.reshape(acc.size), y.reshape(y.size)
+    w4 = np.zeros((M4, C * kh * kw), y.dtype)  # the weights in the taps' order, zero past M: four rows per pass
+    for m in range(M):
+        for c in range(C):
+            for i in range(kh):
+                for j in range(kw):
+                    w4[m, _tap(c, i, j, kh, kw)] = w[m, c, i, j]
+    b4 = np.zeros(M4, y.dtype)
+    if bias.size:
+        b4[:M] = bias
+    xs = np.empty(ns, y.dtype)
+    alias = _rows_alias(L, y.itemsize)
+    acc = np.empty((4, L + 32 if alias else L), y.dtype)
+    y3 = y.reshape(N, M, L)
     for n in range(N):
-        _shifted_pad(x, n, ph, pw, Hp, Wp, xb)
+        _shifted_planes(x, n, ph, pw, sh, sw, dw, kw, Hs, OW, xs)
         for i0 in range(0, M, 4):
-            _shifted_axpy(w4, i0, offs, xb, acc, L)
-            for m in range(i0, min(i0 + 4, M)):  # the epilogue: valid (strided) columns + bias
-                b = bias[m] if bias.size else y.dtype.type(0)
-                for oh in range(OH):
-                    src = _U((m - i0) * L + oh * sh * Wp)
-                    dst = _U(((n * M + m) * OH + oh) * OW)
-                    if sw == 1:  # unit stride: a loop LLVM vectorizes
-                        for ow in range(_U(OW)):
-                            yf[dst + ow] = af[src + ow] + b
-                    else:
-                        for ow in range(_U(OW)):
-                            yf[dst + ow] = af[src + ow * _U(sw)] + b
+            if i0 + 4 <= M and not alias:
+                _shifted_axpy(w4, b4, i0, offs, xs, y3[n, i0 : i0 + 4], L)
+            else:
+                _shifted_axpy(w4, b4, i0, offs, xs, acc, L)
+                i1 = min(M, i0 + 4)
+                y3[n, i0:i1] = acc[: i1 - i0, :L]
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
-def _shifted_dots(g, offs, xb, L, dw2):
-    """dw2[m, t] += dot(g[m, :L], xb[offs[t] : offs[t] + L]): the weight gradient of one image,
+def _shifted_dots(g, offs, xs, L, dw2):
+    """dw2[m, t] += dot(g[m, :L], xs[offs[t] : offs[t] + L]): the weight gradient of one image,
     four rows of g and three taps per pass (12 accumulators, as kernels.gemm's micro-kernel;
     reassociation lets LLVM vectorize each along q)."""
     M, T = dw2.shape
@@ -574,9 +627,9 @@ def _shifted_dots(g, offs, xb, L, dw2):
         g0, g1, g2, g3 = g[i0, :L], g[i1, :L], g[i2, :L], g[i3, :L]
         for t in range(0, T, 3):
             n3 = 3 if t < t3 else T - t
-            b0 = xb[offs[t] : offs[t] + L]
-            b1 = xb[offs[t + min(1, n3 - 1)] : offs[t + min(1, n3 - 1)] + L]
-            b2 = xb[offs[t + min(2, n3 - 1)] : offs[t + min(2, n3 - 1)] + L]
+            b0 = xs[offs[t] : offs[t] + L]
+            b1 = xs[offs[t + min(1, n3 - 1)] : offs[t + min(1, n3 - 1)] + L]
+            b2 = xs[offs[t + min(2, n3 - 1)] : offs[t + min(2, n3 - 1)] + L]
             z = dw2.dtype.type(0)
             s00 = s01 = s02 = s10 = s11 = s12 = s20 = s21 = s22 = s30 = s31 = s32 = z
             for q in range(L):
@@ -632,31 +685,26 @@ def _row_sum(a, lo, hi):
 @njit(nogil=True, cache=True)
 def shifted_bwd_filter(x, dy, ph, pw, sh, sw, dh, dw, dwt, db):
     """dwt (M, C, kh, kw) += the weight gradient and db (M,) += the bias gradient (db of size 0:
-    none) over every image: the v6 backward, accumulating as Caffe's parameter diffs do.  dy is
-    spread onto the wide output grid (zeros in the extra columns), then one dot product per
-    (m, tap) over the whole image; db is the sum of each spread row.  The spread indexes flat
-    views made once per call (a view per row and a serial sum took 0.29 of conv1's 0.51 ms)."""
+    none) over every image: the v6 backward, accumulating as Caffe's parameter diffs do.  An
+    image's dy rows are already laid out as the planes' output grid, so each (m, tap) is one
+    dot product over the whole image, read where dy lies; db is the sum of each row."""
     N, C, H, W, M, kh, kw, OH, OW = _geometry(x, dwt, ph, pw, sh, sw, dh, dw, dy)
-    Hp, Wp, OH1, L, offs, nb = _shifted_setup(C, H, W, kh, kw, ph, pw, dh, dw)
-    dw2 = dwt.reshape(M, C * kh * kw)
-    xb = np.empty(nb, x.dtype)
-    g = np.zeros((M, L), x.dtype)
-    gf, dyf = g.reshape(g.size), dy.reshape(dy.size)
+    Hs, offs, ns = _shifted_setup(C, H, W, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW)
+    L = OH * OW
+    dw2 = np.zeros((M, C * kh * kw), dwt.dtype)  # the gradient in the taps' order
+    xs = np.empty(ns, x.dtype)
+    dy3, dyf = dy.reshape(N, M, L), dy.reshape(dy.size)
     for n in range(N):
-        _shifted_pad(x, n, ph, pw, Hp, Wp, xb)
-        for m in range(M):
-            for oh in range(OH):
-                dst = _U(m * L + oh * sh * Wp)
-                src = _U(((n * M + m) * OH + oh) * OW)
-                if sw == 1:
-                    for ow in range(_U(OW)):
-                        gf[dst + ow] = dyf[src + ow]
-                else:
-                    for ow in range(_U(OW)):
-                        gf[dst + ow * _U(sw)] = dyf[src + ow]
-            if db.size:
-                db[m] += _row_sum(gf, m * L, (m + 1) * L)
-        _shifted_dots(g, offs, xb, L, dw2)
+        _shifted_planes(x, n, ph, pw, sh, sw, dw, kw, Hs, OW, xs)
+        if db.size:
+            for m in range(M):
+                db[m] += _row_sum(dyf, (n * M + m) * L, (n * M + m + 1) * L)
+        _shifted_dots(dy3[n], offs, xs, L, dw2)
+    for m in range(M):
+        for c in range(C):
+            for i in range(kh):
+                for j in range(kw):
+                    dwt[m, c, i, j] += dw2[m, _tap(c, i, j, kh, kw)]
 
 
 def _winograd_ok(w, sh, sw, dh, dw):

@@ -108,10 +108,9 @@ TILE_BLOCK = 256
 
 #: run a pass's loop over blocks compiled whole (``_fwd_blas``, ``_bwd_blas``) where BLAS is
 #: called without the GIL; False: the loop in Python, one kernel call per step (as without cblas).
-#: Off by default: loaded from numba's cache the two compiled passes hold ~1.5 MiB more (their
-#: LLVM modules), which took ``python -m minicaffe.train lenet`` over its memory budget
-#: (tests/test_memory_jitcode.py), for a GIL saving the step's noise hides (docs/CPU_SPEED.md)
-COMPILED_PASSES = False
+#: (Their memory, ~1.5 MiB while numba kept every cached kernel's LLVM module parsed, once took
+#: the train tool over its budget; minicaffe/memory/jitcode.py now keeps those as bitcode.)
+COMPILED_PASSES = True
 
 
 def _evaluation(points, n):

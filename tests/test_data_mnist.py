@@ -450,7 +450,7 @@ def test_a_npy_file_data_set_reads_and_transforms_in_one_compiled_call_with_nump
     the numpy path; a read that comes short is the same clear error."""
     from minicaffe.data import reader, sources
 
-    monkeypatch.setattr(reader, "FUSED_READS", True)  # off by default (its memory: minicaffe/data/reader.py)
+    monkeypatch.setattr(reader, "FUSED_READS", True)  # on by default; the test holds it on either way
     if not sources.NOGIL_READS:
         pytest.skip("no C pread with a 64-bit offset here: the numpy transform runs (tested elsewhere)")
     images = np.random.default_rng(5).integers(0, 256, (50, 2, 3, 5), dtype=np.uint8)

@@ -185,3 +185,45 @@ def test_parallel_rung_from_two_threads_under_openmp():
         pytest.skip("numba's OpenMP threading layer is not available here (no libgomp)")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "LAYER omp ERRORS 0" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize(
+    "xs, ws, g",
+    [
+        ((2, 3, 32, 32), (6, 3, 5, 5), (2, 2, 1, 1, 1, 1)),  # rows of 1024: y's rows alias, the padded buffer
+        ((2, 1, 28, 28), (20, 1, 5, 5), (0, 0, 1, 1, 1, 1)),  # LeNet's conv1: straight into y's rows
+        ((2, 2, 13, 11), (7, 2, 3, 4), (1, 2, 3, 2, 2, 1)),  # strides: row phases and sampled columns
+    ],
+)
+def test_shifted_planes_each_path(xs, ws, g):
+    """v6 over shifted planes on each of its paths (the forward straight into y's rows or through
+    its padded buffer, a last group of M % 4 channels, row phases for a stride) against the float64
+    references, with the bias; its weight and bias gradients accumulate into what is there."""
+    rng = np.random.default_rng(7)
+    x64, w64, b64 = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[0])
+    ref = K.conv_fwd_reference(x64, w64, b64, *g)
+    dy64 = rng.standard_normal(ref.shape)
+    fref = K.conv_bwd_filter_reference(x64, dy64, *g, ws)
+    for dtype in DTYPES:
+        x, w, b, dy = (a.astype(dtype) for a in (x64, w64, b64, dy64))
+        y = np.full(ref.shape, np.nan, dtype)
+        K.shifted_fwd(x, w, b, *g, y)
+        mag = K.conv_fwd_reference(np.abs(x64), np.abs(w64), np.abs(b64), *g)
+        assert_close(y, ref, sum_tol(dtype, ws[1] * ws[2] * ws[3] + 1, mag), kernel="conv_fwd", version="v6")
+        dwt, db = np.ones(ws, dtype), np.ones(ws[0], dtype)
+        K.shifted_bwd_filter(x, dy, *g, dwt, db)
+        n = xs[0] * ref.shape[2] * ref.shape[3]
+        fmag = K.conv_bwd_filter_reference(np.abs(x64), np.abs(dy64), *g, ws)
+        assert_close(dwt, 1 + fref, sum_tol(dtype, n + 1, 1 + fmag), kernel="conv_bwd_filter", version="v6")
+        dbref = 1 + dy64.sum(axis=(0, 2, 3))
+        assert_close(
+            db, dbref, sum_tol(dtype, n + 1, 1 + np.abs(dy64).sum(axis=(0, 2, 3))), kernel="bias", version="v6"
+        )
+
+
+def test_rows_alias_flags_rows_a_multiple_of_4kb_apart():
+    """The forward's test for 4K aliasing between four rows of y: CIFAR-10 quick's conv1 (1024
+    floats a row) and rows of 2 KB (every second row 4 KB apart) alias; LeNet's conv1 (576 floats:
+    2304 B) does not, nor does the padded buffer the forward takes instead (1024 + 32 floats)."""
+    assert K._rows_alias(1024, 4) and K._rows_alias(512, 4) and K._rows_alias(1024, 8)
+    assert not K._rows_alias(576, 4) and not K._rows_alias(1024 + 32, 4) and not K._rows_alias(100, 4)

@@ -54,8 +54,8 @@ def col2im(col, kh, kw, ph, pw, sh, sw, dh, dw, x):
 #: most taps (C*kh*kw) for which the direct kernel (kernels/conv.py v6_shifted) runs a stride-1
 #: convolution.  Measured on one core against the layer's im2col + BLAS with its buffers kept,
 #: it is 1.3-2x faster on LeNet's conv1 (25 taps) and CIFAR-10 quick's conv1 (75 taps), and
-#: slower at a few hundred taps on small images (LeNet's conv2: 500 taps, 8-wide output rows
-#: computed 12 wide) -- docs/CPU_SPEED.md
+#: slower at a few hundred taps on small images (LeNet's conv2: 500 taps, measured with the
+#: kernel's first form, which computed its 8-wide output rows 12 wide) -- docs/CPU_SPEED.md
 DIRECT_MAX_TAPS = 128
 
 

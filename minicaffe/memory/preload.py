@@ -1,0 +1,165 @@
+"""Load a run's kernels before its arrays exist.
+
+A training run loads each kernel it calls from numba's cache the first time it calls it: ~30 for
+LeNet, all on the first iteration and the first test.  Every load runs LLVM: its code faults in
+(~10 MiB of ``libllvmlite.so``) and is released again after the load (jitcode.py).  On the first
+iteration those pages come on top of everything the run already holds (the arena being touched,
+the kernels loaded before), so the last load sets the run's peak, ~10 MiB above the steady state.
+
+Loaded before the nets are built, the same kernels cost the same time and the same resident code,
+but their LLVM pages come and go while the process is small.  Which kernels a run will load is
+known only once it has run, so the train tool writes them down: after a run, the signatures of
+the kernels it loaded go to a small file in numba's cache directory (``preload-<key>.pkl``, the
+key a hash of what decides them: the nets' definitions and the train tool's settings), and a
+later run with the same key loads them first.
+
+    key = preload.key(net_text, settings)
+    preload.load(key)          # before the nets are built: [(kernel, signature)] loaded
+    ...                        # the run
+    preload.save(key)          # the kernels loaded now, for the next run
+
+A kernel is found by its module and name (module-level numba dispatchers of ``kernels`` and
+``minicaffe``), a signature is numba's types (pickled, as numba's own cache index keeps them), and
+a module whose code calls symbols registered at run time declares ``preload_prepare()``
+(registers them, says whether it could; where one cannot, nothing is preloaded), and each entry
+keeps its source file's size and time: an entry whose file changed is skipped (its
+kernel loads, or compiles, on the first iteration as it would without this file).  A missing,
+unreadable or stale file costs nothing but the peak it would have saved.  Measured with
+``python benchmarks/memory.py`` (docs/CPU_SPEED.md, "Memory").
+"""
+
+import hashlib
+import os
+import pickle
+import sys
+
+from numba.core.registry import CPUDispatcher
+
+from . import jitcode
+
+VERSION = 1
+PACKAGES = ("kernels", "minicaffe")
+
+
+def _directory():
+    """numba's cache directory for minicaffe's kernels (where ``jitcode.first_kernel``'s entries
+    are), or None where numba does not say."""
+    cache = getattr(jitcode.first_kernel, "_cache", None)
+    return getattr(cache, "cache_path", None)
+
+
+def key(*parts):
+    """A short hash of what decides which kernels a run loads (any str()-able parts)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(str(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def path(run_key):
+    directory = _directory()
+    return None if directory is None else os.path.join(directory, f"preload-{run_key}.pkl")
+
+
+def _stamp(module):
+    try:
+        st = os.stat(module.__file__)
+    except (AttributeError, TypeError, OSError):
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def loaded():
+    """[(module name, attribute name, source stamp, signature)] of every signature loaded now by
+    the module-level numba kernels of minicaffe's packages."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".")[0] not in PACKAGES:
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, CPUDispatcher) and value.__module__ == name:
+                out.extend((name, attr, _stamp(module), sig) for sig in value.signatures)
+    return out
+
+
+def save(run_key):
+    """Write the kernels loaded now for ``run_key``'s next run; True if written.  Nothing is
+    written when the file already lists them all, nor where the cache directory is not writable."""
+    target = path(run_key)
+    if target is None:
+        return False
+    entries = loaded()
+    try:
+        with open(target, "rb") as f:
+            before = pickle.load(f)
+        if before.get("version") == VERSION and set(map(_entry_id, entries)) <= set(map(_entry_id, before["kernels"])):
+            return False
+    except Exception:  # absent, unreadable or written by other code: written anew
+        pass
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            pickle.dump({"version": VERSION, "kernels": entries}, f)
+        os.replace(tmp, target)  # a reader sees the old file or the new one, never half of one
+    except Exception:  # not writable, or a signature that does not pickle: the next run goes without
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+    return True
+
+
+def _entry_id(entry):
+    name, attr, stamp, sig = entry
+    return (name, attr, stamp, str(sig))
+
+
+def load(run_key):
+    """Load (from numba's cache; compile where the cache lacks one) each kernel signature the last
+    run with ``run_key`` loaded, skipping those whose source changed since; returns the number
+    loaded.  Never raises: a kernel that cannot be loaded now loads when the run calls it."""
+    target = path(run_key)
+    if target is None or not os.path.exists(target):
+        return 0
+    try:
+        with open(target, "rb") as f:
+            data = pickle.load(f)
+        entries = data["kernels"] if data.get("version") == VERSION else []
+    except Exception:  # unreadable (a numba that pickles types otherwise, a damaged file): skipped
+        return 0
+    modules = {}
+    for name in dict.fromkeys(entry[0] for entry in entries):
+        try:
+            if name.split(".")[0] in PACKAGES:
+                __import__(name)
+                modules[name] = sys.modules[name]
+        except Exception:  # a module gone or renamed: its kernels are skipped
+            continue
+    # a module whose compiled code calls symbols registered at run time (kernels/cblas.py) says
+    # whether they are registered now: loading code that calls a missing symbol aborts the process
+    # (LLVM ERROR), so where one says no, nothing is preloaded
+    for name, module in list(sys.modules.items()):  # those imported, and what they import
+        if module is None or name.split(".")[0] not in PACKAGES:
+            continue
+        prepare = getattr(module, "preload_prepare", None)
+        try:
+            if prepare is not None and not prepare():
+                return 0
+        except Exception:
+            return 0
+    count = 0
+    for name, attr, stamp, sig in entries:
+        module = modules.get(name)
+        try:
+            if module is None:
+                continue
+            dispatcher = getattr(module, attr, None)
+            if not isinstance(dispatcher, CPUDispatcher) or _stamp(module) != stamp:
+                continue
+            dispatcher.compile(sig)
+            count += 1
+        except Exception:  # a signature the kernel no longer takes, ...: it loads when called
+            continue
+    return count
