@@ -9,21 +9,22 @@ the kernels loaded before), so the last load sets the run's peak, ~10 MiB above 
 Loaded before the nets are built, the same kernels cost the same time and the same resident code,
 but their LLVM pages come and go while the process is small.  Which kernels a run will load is
 known only once it has run, so the train tool writes them down: after a run, the signatures of
-the kernels it loaded go to a small file in numba's cache directory (``preload-<key>.pkl``, the
+the kernels it loaded go to a small file beside numba's cache (``preload-<key>.pkl``, the
 key a hash of what decides them: the nets' definitions and the train tool's settings), and a
 later run with the same key loads them first.
 
     key = preload.key(net_text, settings)
-    preload.load(key)          # before the nets are built: [(kernel, signature)] loaded
+    preload.load(key)          # before the nets are built: the number of kernels loaded
     ...                        # the run
     preload.save(key)          # the kernels loaded now, for the next run
 
 A kernel is found by its module and name (module-level numba dispatchers of ``kernels`` and
-``minicaffe``), a signature is numba's types (pickled, as numba's own cache index keeps them), and
-a module whose code calls symbols registered at run time declares ``preload_prepare()``
-(registers them, says whether it could; where one cannot, nothing is preloaded), and each entry
-keeps its source file's size and time: an entry whose file changed is skipped (its
-kernel loads, or compiles, on the first iteration as it would without this file).  A missing,
+``minicaffe``), a signature is numba's types (pickled, as numba's own cache index keeps them).  A module whose
+code calls symbols registered at run time declares ``preload_prepare()`` (registers them, says
+whether it could; where one cannot, nothing is preloaded).  Each entry keeps its source file's
+size and time: an entry whose file changed is skipped (its kernel loads, or compiles, on the
+first iteration as it would without this file).  The files go where numba would put its cache:
+``NUMBA_CACHE_DIR`` if set, else this package's ``__pycache__``, else ``~/.cache/minicaffe``.  A missing,
 unreadable or stale file costs nothing but the peak it would have saved.  Measured with
 ``python benchmarks/memory.py`` (docs/CPU_SPEED.md, "Memory").
 """
@@ -33,19 +34,22 @@ import os
 import pickle
 import sys
 
+import numba
 from numba.core.registry import CPUDispatcher
-
-from . import jitcode
 
 VERSION = 1
 PACKAGES = ("kernels", "minicaffe")
 
 
 def _directory():
-    """numba's cache directory for minicaffe's kernels (where ``jitcode.first_kernel``'s entries
-    are), or None where numba does not say."""
-    cache = getattr(jitcode.first_kernel, "_cache", None)
-    return getattr(cache, "cache_path", None)
+    """Where the lists go, by numba's own rule for its cache: ``NUMBA_CACHE_DIR`` if set, else
+    this package's ``__pycache__`` where it can be written, else the user's cache directory."""
+    if numba.config.CACHE_DIR:
+        return os.path.join(numba.config.CACHE_DIR, "minicaffe-preload")
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.access(here, os.W_OK):
+        return os.path.join(here, "__pycache__")
+    return os.path.join(os.path.expanduser("~"), ".cache", "minicaffe")
 
 
 def key(*parts):
@@ -99,6 +103,7 @@ def save(run_key):
         pass
     tmp = f"{target}.{os.getpid()}.tmp"
     try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(tmp, "wb") as f:
             pickle.dump({"version": VERSION, "kernels": entries}, f)
         os.replace(tmp, target)  # a reader sees the old file or the new one, never half of one
