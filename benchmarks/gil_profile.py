@@ -105,9 +105,11 @@ def child(mode, steps, wait, update="sharded", step1=False):
     solver.param.display = 0
     solver.param.test_interval = 0
     blas.set_threads(1)
+    trainer = None
     if mode == "workers":
         extra = {"shard_update": False} if update == "server" else {}
-        step = ParallelTrainer(solver, 2, blas_threads=1, **extra).step
+        trainer = ParallelTrainer(solver, 2, blas_threads=1, **extra)
+        step = trainer.step
     else:
         lanes.set_count(2 if mode == "lanes" else 1)
         step = solver.step
@@ -128,6 +130,8 @@ def child(mode, steps, wait, update="sharded", step1=False):
     else:
         costs = thread_costs(step, steps)
         print("THREADS " + json.dumps(costs), flush=True)
+        if trainer is not None and not step1:  # (a step(1) loop's stats are those of its last run)
+            print("PHASES " + json.dumps(trainer.stats()), flush=True)
     print(f"STEP_MS {1000 * (time.perf_counter() - t0) / steps:.3f}", flush=True)
 
 
@@ -195,6 +199,17 @@ def main():
         print(f"  {name:24s} {cpu:6.2f} / {runq:5.2f} / {vol:5.1f}")
     total = sum(c[0] for c in costs.values())
     print(f"  {'all threads':24s} {total:6.2f} ms of CPU per step ({total / step_ms:.2f} cores busy)")
+    phases = re.search(r"PHASES (.*)", plain)
+    if phases:  # the trainer's own clocks (ParallelTrainer.stats), ms per step
+        s = json.loads(phases.group(1))
+        ms = lambda x: f"{1000 * x:5.2f}"  # noqa: E731
+        print("  per worker, ms per step: wait for the batch and W / copy rows, zero G / forward+backward / "
+              "wait for the gradients / its range of the update")  # fmt: skip
+        for k in range(len(s["worker_compute"])):
+            row = [s[f"worker_{x}"][k] for x in ("wait", "copy", "compute", "sync", "update")]
+            print(f"  worker {k:<17d} " + " / ".join(ms(x) for x in row))
+        print(f"  server: fetch {ms(s['server_fetch'])}, reduce and losses {ms(s['server_reduce'])}, "
+              f"the Solver's loop after the gradients {ms(s['server_update'])}")  # fmt: skip
     if args.no_gil:
         return
     cmd[5] = "1"
