@@ -16,7 +16,7 @@ later run with the same key loads them first.
     key = preload.key(net_text, settings)
     preload.load(key)          # before the nets are built: the number of kernels loaded
     ...                        # the run
-    preload.save(key)          # the kernels loaded now, for the next run
+    preload.save(key)          # the kernels loaded now, for the next run (if fresh() at the start)
 
 A kernel is found by its module and name (module-level numba dispatchers of ``kernels`` and
 ``minicaffe``), a signature is numba's types (pickled, as numba's own cache index keeps them).  A module whose
@@ -25,7 +25,9 @@ whether it could; where one cannot, nothing is preloaded).  Each entry keeps its
 size and time: an entry whose file changed is skipped (its kernel loads, or compiles, on the
 first iteration as it would without this file).  The files go where numba would put its cache:
 ``NUMBA_CACHE_DIR`` if set, else this package's ``__pycache__``, else ``~/.cache/minicaffe``.  A missing,
-unreadable or stale file costs nothing but the peak it would have saved.  Measured with
+unreadable or stale file costs nothing but the peak it would have saved.  The train tool reads
+and writes a list only in a process that is the run (``fresh()``): a run inside a notebook or a
+test session would list everything loaded before it.  Measured with
 ``python benchmarks/memory.py`` (docs/CPU_SPEED.md, "Memory").
 """
 
@@ -87,9 +89,18 @@ def loaded():
     return out
 
 
+def fresh():
+    """Whether no kernel of minicaffe's packages has been loaded in this process yet, beyond
+    ``jitcode.first_kernel`` (numba's runtime): a process that is only this run, as the train
+    tool's command is.  A run inside a longer-lived process (a notebook, a test session) would
+    list what everything before it loaded, so only a fresh process's list is written."""
+    return all(name == "minicaffe.memory.jitcode" for name, _, _, _ in loaded())
+
+
 def save(run_key):
     """Write the kernels loaded now for ``run_key``'s next run; True if written.  Nothing is
-    written when the file already lists them all, nor where the cache directory is not writable."""
+    written when the file already lists them all, nor where the cache directory is not writable.
+    Call it only for a run that started in a ``fresh()`` process."""
     target = path(run_key)
     if target is None:
         return False
@@ -163,6 +174,8 @@ def load(run_key):
             dispatcher = getattr(module, attr, None)
             if not isinstance(dispatcher, CPUDispatcher) or _stamp(module) != stamp:
                 continue
+            if tuple(sig) in dispatcher.signatures:
+                continue  # loaded already (a process that ran before): no lock, no LLVM release
             dispatcher.compile(sig)
             count += 1
         except Exception:  # a signature the kernel no longer takes, ...: it loads when called

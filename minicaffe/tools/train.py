@@ -688,8 +688,11 @@ def run(args, argv=None):
     jitcode.load_jit_runtime()
     # and the kernels the last run of these nets loaded, while the process is still small: their
     # loads run LLVM too, which on the first iteration would add to the run's peak (preload.py)
-    if device == "cpu":
-        preload.load(kernels_key)
+    fresh = device == "cpu" and preload.fresh()  # the process is this run: its kernels are the run's
+    if fresh:
+        n_loaded = preload.load(kernels_key)
+        if n_loaded:
+            log(f"Kernels: {n_loaded} loaded before the nets, as the last run of these nets used them")
     log("Setting up: building the nets and loading the data")
     if progress is not None:
         progress.set_phase("setting up: building the nets")
@@ -850,7 +853,7 @@ def run(args, argv=None):
             progress.close()
     elapsed = time.perf_counter() - start
     iteration, stopped = solver.iter, solver.requested_stop
-    if device == "cpu":
+    if fresh:
         preload.save(kernels_key)  # the kernels this run loaded, for the next one
     # the nets, their arena and the data readers are not needed for the log and the plot: give
     # their memory back first, so that drawing the curves (matplotlib) does not add to it; the C
