@@ -413,7 +413,11 @@ def format_float(value, type_name="float"):
         return "nan"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
-    text = str(np.float32(value)) if type_name == "float" else repr(value)
+    if type_name == "float":
+        with np.errstate(over="ignore"):  # beyond float32's range: the field holds inf, as Caffe's would
+            text = str(np.float32(value))
+    else:
+        text = repr(value)
     return text[:-2] if text.endswith(".0") else text
 
 
