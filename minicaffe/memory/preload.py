@@ -19,16 +19,16 @@ later run with the same key loads them first.
     preload.save(key)          # the kernels loaded now, for the next run (if fresh() at the start)
 
 A kernel is found by its module and name (module-level numba dispatchers of ``kernels`` and
-``minicaffe``), a signature is numba's types (pickled, as numba's own cache index keeps them).  A module whose
-code calls symbols registered at run time declares ``preload_prepare()`` (registers them, says
-whether it could; where one cannot, nothing is preloaded).  Each entry keeps its source file's
-size and time: an entry whose file changed is skipped (its kernel loads, or compiles, on the
-first iteration as it would without this file).  The files go where numba would put its cache:
-``NUMBA_CACHE_DIR`` if set, else this package's ``__pycache__``, else ``~/.cache/minicaffe``.  A missing,
-unreadable or stale file costs nothing but the peak it would have saved.  The train tool reads
-and writes a list only in a process that is the run (``fresh()``): a run inside a notebook or a
-test session would list everything loaded before it.  Measured with
-``python benchmarks/memory.py`` (docs/CPU_SPEED.md, "Memory").
+``minicaffe``), a signature is numba's types (pickled, as numba's own cache index keeps them).
+A module whose code calls symbols registered at run time declares ``preload_prepare()``
+(registers them, says whether it could; where one cannot, nothing is preloaded).  Each entry
+keeps its source file's size and time: an entry whose file changed is skipped (its kernel loads,
+or compiles, on the first iteration as it would without this file).  The files go where numba
+would put its cache: ``NUMBA_CACHE_DIR`` if set, else this package's ``__pycache__``, else
+``~/.cache/minicaffe``.  A missing, unreadable or stale file costs nothing but the peak it would
+have saved.  The train tool reads and writes a list only in a process that is the run
+(``fresh()``): a run inside a notebook or a test session would list everything loaded before it.
+Measured with ``python benchmarks/memory.py`` (docs/CPU_SPEED.md, "Memory").
 """
 
 import hashlib
@@ -64,8 +64,8 @@ def key(*parts):
 
 
 def path(run_key):
-    directory = _directory()
-    return None if directory is None else os.path.join(directory, f"preload-{run_key}.pkl")
+    """The list's file for ``run_key``."""
+    return os.path.join(_directory(), f"preload-{run_key}.pkl")
 
 
 def _stamp(module):
@@ -102,8 +102,6 @@ def save(run_key):
     written when the file already lists them all, nor where the cache directory is not writable.
     Call it only for a run that started in a ``fresh()`` process."""
     target = path(run_key)
-    if target is None:
-        return False
     entries = loaded()
     try:
         with open(target, "rb") as f:
@@ -137,7 +135,7 @@ def load(run_key):
     run with ``run_key`` loaded, skipping those whose source changed since; returns the number
     loaded.  Never raises: a kernel that cannot be loaded now loads when the run calls it."""
     target = path(run_key)
-    if target is None or not os.path.exists(target):
+    if not os.path.exists(target):
         return 0
     try:
         with open(target, "rb") as f:
