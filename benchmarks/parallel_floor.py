@@ -1,14 +1,16 @@
-"""What two threads can do at best on this machine, with no runtime: the floor under ``--workers 2``.
+"""What two threads (and two processes) can do at best on this machine, with no runtime: the floor
+under ``--workers 2``.
 
     python benchmarks/parallel_floor.py                     # LeNet, 5 rounds of 200 steps
     python benchmarks/parallel_floor.py --rounds 7 --steps 300
+    python benchmarks/parallel_floor.py --no-processes --no-neighbours  # the threads' rows only
 
 Two workers each run the training net's forward and backward on half the batch.  Before any
 runtime cost (no gradients reduced, no update, no batch fetched), two threads doing only that
 already take longer than one thread does on half the batch: they share the memory system, and
 each hands the GIL to the other between its kernels.  This script measures that, in one process
-(one lane, OpenBLAS 1 thread), on the nets ``benchmarks/parallel_ratio.py`` trains (LeNet on
-MNIST: the solver's net, which reads its batch through its Data layer, and the two replicas of a
+and two forked from it (one lane, OpenBLAS 1 thread), on the nets ``benchmarks/parallel_ratio.py``
+trains (LeNet on MNIST: the solver's net, which reads its batch through its Data layer, and the two replicas of a
 ``ParallelTrainer``, Input layers holding a batch's rows), alternating in each round:
 
 * ``one thread, batch B``: the solver's net, ``net.forward_backward()`` in a loop;
@@ -16,16 +18,30 @@ MNIST: the solver's net, which reads its batch through its Data layer, and the t
 * ``two threads, free``: the two replicas, one per thread, each bound to its own core, each
   looping on its own;
 * ``two threads, in step``: the same, meeting at a ``threading.Barrier`` before every step, as
-  BSP's workers meet at every clock.
+  BSP's workers meet at every clock;
+* ``two processes, free`` / ``in step`` (``--processes``, on by default): the same two replicas in
+  two processes forked from this one, each bound to its core, meeting at a
+  ``multiprocessing.Barrier`` before every step or not.  They share no GIL, no arena, no cache
+  line: only the machine (its caches, its memory bandwidth, the hypervisor's cores).  What the
+  two threads lose beyond what the two processes lose is the GIL's and the process's; what the
+  processes lose against one alone is the machine's;
+* ``half batch, next to <load>`` (``--neighbours``, on by default): worker 0's replica alone on
+  core 0 while a process on core 1 runs a compute-only loop (``fma``: registers only), OpenBLAS
+  SGEMM on 256x256 matrices (``sgemm``: its working set in core 1's L2) or copies a buffer of
+  ``--stream-mb`` MiB again and again (``stream``: L3 and memory traffic), so that the table says
+  which kind of neighbour slows a step down.
 
 It prints the medians over rounds of the wall time per step and of each thread's CPU time per
-step (``time.thread_time``), and ``batch B / in step``: the most ``--workers 2`` could reach
-against one thread if the runtime cost nothing.  Run it next to ``benchmarks/parallel_ratio.py``
+step (``time.thread_time``; a process's ``time.process_time``), and ``batch B / in step``: the
+most ``--workers 2`` could reach against one thread if the runtime cost nothing; with
+``--processes``, also the most any two workers that share nothing could reach on this machine.  Run it next to ``benchmarks/parallel_ratio.py``
 (the runtime's own ratio) to see how much of the gap to 2x is the runtime's.
 """
 
 import argparse
+import multiprocessing
 import os
+import queue
 import statistics
 import sys
 import threading
@@ -71,11 +87,98 @@ def two_threads(nets, steps, in_step):
     return time.perf_counter() - t0, cpu
 
 
+def _process_loop(net, k, steps, warmup, barrier, in_step, out):
+    """One forked process: ``net`` trained on core ``k``, after ``warmup`` steps (the first
+    writes copy the parent's pages); puts (k, wall s, CPU s) of the ``steps`` timed ones."""
+    os.sched_setaffinity(0, {k})
+    for _ in range(warmup):
+        net.forward_backward()
+    barrier.wait()
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(steps):
+        if in_step:
+            barrier.wait()
+        net.forward_backward()
+    out.put((k, time.perf_counter() - t0, time.process_time() - c0))
+
+
+def two_processes(nets, steps, warmup, in_step, timeout=600.0):
+    """As ``two_threads``, in two processes forked from this one: they share only the machine.
+    A process that dies (or a pair not done within ``timeout`` s) ends the benchmark with a
+    message; the other process is stopped."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(2, timeout=timeout), ctx.Queue()
+    procs = [ctx.Process(target=_process_loop, args=(nets[k], k, steps, warmup, barrier, in_step, out)) for k in range(2)]  # fmt: skip
+    for proc in procs:
+        proc.start()
+    results, deadline = [], time.monotonic() + timeout
+    try:
+        while len(results) < len(procs):
+            try:
+                results.append(out.get(timeout=0.1))
+            except queue.Empty:
+                dead = [proc.exitcode for proc in procs if proc.exitcode]
+                if dead:
+                    raise SystemExit(f"a process of the pair exited with code {dead[0]}") from None
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the pair of processes did not finish within {timeout:g} s") from None
+    finally:
+        for proc in procs:
+            if len(results) < len(procs) and proc.is_alive():
+                proc.terminate()
+            proc.join()
+    results.sort()
+    return max(r[1] for r in results), [r[2] for r in results]
+
+
+def _neighbour(kind, stream_mb, stop):
+    """Core 1's load next to a step: until ``stop`` is set, a Python arithmetic loop (``fma``:
+    registers and L1 only), OpenBLAS SGEMM on 256x256 (``sgemm``: in the core's own L2), or
+    copies of a ``stream_mb`` MiB buffer (``stream``: through the shared L3 and memory)."""
+    import numpy as np
+
+    os.sched_setaffinity(0, {1})
+    if kind == "fma":
+        x = 1.0
+        while not stop.is_set():
+            for _ in range(10000):
+                x = x * 1.0000001 + 1e-9
+    elif kind == "sgemm":
+        a = np.random.default_rng(0).random((256, 256), dtype=np.float32)
+        while not stop.is_set():
+            np.dot(a, a)
+    else:
+        src = np.ones(int(stream_mb * 2**20) // 4, np.float32)
+        dst = np.empty_like(src)
+        while not stop.is_set():
+            np.copyto(dst, src)
+
+
+def next_to(net, steps, kind, stream_mb):
+    """(wall s, CPU s) per step of ``net`` on core 0 while core 1 runs ``_neighbour(kind)``."""
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    proc = ctx.Process(target=_neighbour, args=(kind, stream_mb, stop))
+    proc.start()
+    try:
+        time.sleep(0.3)  # (the neighbour has started its loop)
+        os.sched_setaffinity(0, {0})
+        return alone(net, steps)
+    finally:
+        stop.set()
+        proc.join()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--no-processes", dest="processes", action="store_false", help="skip the two-process rows")
+    p.add_argument(
+        "--no-neighbours", dest="neighbours", action="store_false", help="skip the half batch next to a load"
+    )
+    p.add_argument("--stream-mb", type=float, default=8.0, help="the buffer the stream neighbour copies, MiB")
     args = p.parse_args(argv)
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("two threads on two cores: this process may use fewer than 2 cores")
@@ -93,31 +196,55 @@ def main(argv=None):
     whole, half = big.blobs["data"].shape[0], pair[0].blobs["data"].shape[0]
     for net in (big, *pair):
         alone(net, args.warmup)
-    rows = {name: ([], [], []) for name in (f"one thread, batch {whole}", f"one thread, batch {half}", "two threads, free", "two threads, in step")}  # fmt: skip
+    one, single = f"one thread, batch {whole}", f"one thread, batch {half}"
+    names = [one, single, "two threads, free", "two threads, in step"]
+    if args.processes:
+        names += ["two processes, free", "two processes, in step"]
+    kinds = ("fma", "sgemm", "stream") if args.neighbours else ()
+    names += [f"batch {half}, next to {kind}" for kind in kinds]
+    rows = {name: ([], [], []) for name in names}
     cores = os.sched_getaffinity(0)
+
+    def add(name, wall, cpu):
+        rows[name][0].append(wall / args.steps)
+        for k, c in enumerate(cpu if isinstance(cpu, list) else [cpu]):
+            rows[name][1 + k].append(c / args.steps)
+
     for _ in range(args.rounds):
-        for name, net in ((f"one thread, batch {whole}", big), (f"one thread, batch {half}", pair[0])):
-            wall, cpu = alone(net, args.steps)
-            rows[name][0].append(wall / args.steps)
-            rows[name][1].append(cpu / args.steps)
-        for name, in_step in (("two threads, free", False), ("two threads, in step", True)):
-            wall, cpu = two_threads(pair, args.steps, in_step)
-            rows[name][0].append(wall / args.steps)
-            rows[name][1].append(cpu[0] / args.steps)
-            rows[name][2].append(cpu[1] / args.steps)
+        for name, net in ((one, big), (single, pair[0])):
+            add(name, *alone(net, args.steps))
+        for in_step in (False, True):
+            add(f"two threads, {'in step' if in_step else 'free'}", *two_threads(pair, args.steps, in_step))
+            if args.processes:
+                wall, cpu = two_processes(pair, args.steps, args.warmup, in_step)
+                add(f"two processes, {'in step' if in_step else 'free'}", wall, cpu)
+        for kind in kinds:
+            add(f"batch {half}, next to {kind}", *next_to(pair[0], args.steps, kind, args.stream_mb))
         os.sched_setaffinity(0, cores)
     med = statistics.median
     ms = lambda s: f"{1000.0 * s:7.3f}"  # noqa: E731
     print(f"LeNet TRAIN forward+backward, medians of {args.rounds} rounds x {args.steps} steps; "
-          f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
-    print(f"  {'':24s} {'wall ms':>8s} {'CPU ms per thread':>20s}")
+          f"load {os.getloadavg()[0]:.2f}; neighbour stream {args.stream_mb:g} MiB")  # fmt: skip
+    print(f"  {'':28s} {'wall ms':>8s} {'CPU ms per thread':>20s}")
     for name, (wall, cpu0, cpu1) in rows.items():
         cpu = ms(med(cpu0)) + (f" / {ms(med(cpu1))}" if cpu1 else "")
-        print(f"  {name:24s} {ms(med(wall)):>8s} {cpu:>20s}")
+        print(f"  {name:28s} {ms(med(wall)):>8s} {cpu:>20s}")
     w = {name: med(r[0]) for name, r in rows.items()}
-    one, free, step = w[f"one thread, batch {whole}"], w["two threads, free"], w["two threads, in step"]
-    print(f"  batch {whole} / free: {one / free:.2f}x; batch {whole} / in step: {one / step:.2f}x (the most "
-          f"--workers 2 could reach against one thread if its runtime cost nothing)")  # fmt: skip
+
+    def ratio(name):  # the median and range over rounds of round r's one thread / round r's row
+        per = [a / b for a, b in zip(rows[one][0], rows[name][0])]
+        return f"{w[one] / w[name]:.2f}x (per round {med(per):.2f}x, {min(per):.2f}..{max(per):.2f})"
+
+    print(
+        f"  batch {whole} / two threads free: {ratio('two threads, free')}; / in step: {ratio('two threads, in step')}"
+    )
+    print("    (the most --workers 2 could reach against one thread if its runtime cost nothing)")
+    if args.processes:
+        print(f"  batch {whole} / two processes free: {ratio('two processes, free')}; / in step: "
+              f"{ratio('two processes, in step')}")  # fmt: skip
+        print("    (two workers that share nothing but the machine)")
+    for kind in kinds:
+        print(f"  batch {half} next to {kind}: {w[f'batch {half}, next to {kind}'] / w[single]:.2f}x its time alone")
 
 
 if __name__ == "__main__":
