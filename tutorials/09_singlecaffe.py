@@ -300,6 +300,125 @@ print(
 assert mem["planned"] < mem["naive"]
 
 # %% [markdown]
+# ## What two cores share
+# Half the batch on each of two cores would make a step twice as fast if the two cores were
+# independent. They are separate cores, each with its own L1 and L2 caches, but they share the
+# last-level cache (L3) and the memory behind it; in a virtual machine they also share them with
+# whatever else the host runs. A LeNet step moves megabytes through that cache: every
+# activation, every gradient, the weights, read and written each iteration. So a core slows down
+# when the other core moves a lot of memory, and hardly at all when the other core only computes.
+#
+# We time worker 0's replica (its share of the batch) alone on one core, then while a process on
+# the other core (a) multiplies two small matrices again and again (SGEMM: all of it fits in
+# that core's own L2), (b) copies an 8 MiB buffer again and again (all of it goes through the
+# L3), (c) trains worker 1's replica, the neighbour a real step has. A process shares nothing
+# with ours but the machine. Last, (d) worker 1's replica runs in a *thread* of this process, as
+# SingleCaffe runs it: then the two replicas also share the GIL. Each time is the best of a few
+# rounds, the run least disturbed by the rest of the machine.
+
+# %%
+import multiprocessing
+
+from minicaffe.parallel import blas, lanes
+
+cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+rows_per_worker = trainer2.replicas[0].blobs["data"].shape[0]
+KINDS = ["SGEMM, a process", "copy 8 MiB, a process", "worker 1, a process", "worker 1, a thread"]
+
+
+def step_time(net, steps):
+    t = time.perf_counter()
+    for _ in range(steps):
+        net.forward_backward()
+    return (time.perf_counter() - t) / steps
+
+
+def neighbour_loop(kind, stop, count):
+    """The other core's work until ``stop`` is set; ``count.value`` counts its rounds."""
+    os.sched_setaffinity(0, {cores[1]})
+    if kind.startswith("SGEMM"):
+        a = np.random.default_rng(0).random((192, 192), dtype=np.float32)
+        work = lambda: np.dot(a, a)  # noqa: E731
+    elif kind.startswith("copy"):
+        src = np.ones(2 * 2**20, np.float32)
+        dst = np.empty_like(src)
+        work = lambda: np.copyto(dst, src)  # noqa: E731
+    else:
+        work = trainer2.replicas[1].forward_backward
+    while not stop.is_set():
+        work()
+        count.value += 1
+
+
+def next_to(kind, steps):
+    """Worker 0's step on this core while the other runs ``kind`` (None: nothing); the
+    neighbour's count of rounds."""
+    if kind is None:
+        return step_time(trainer2.replicas[0], steps), None
+    ctx = multiprocessing.get_context("fork")  # the child starts with this process's nets
+    stop, count = ctx.Event(), ctx.RawValue("l", 0)
+    if kind.endswith("thread"):
+        other = threading.Thread(target=neighbour_loop, args=(kind, stop, count))
+    else:
+        other = ctx.Process(target=neighbour_loop, args=(kind, stop, count))
+    other.start()
+    try:
+        while count.value == 0:  # the neighbour is at work before the clock starts
+            time.sleep(0.001)
+        return step_time(trainer2.replicas[0], steps), count.value
+    finally:
+        stop.set()
+        other.join()
+
+
+if len(cores) >= 2:
+    # one thread per replica, as in the runtime: no lanes, one BLAS thread (else the step's
+    # own helper threads would want the other core too)
+    here, lanes_before, blas_before = os.sched_getaffinity(0), lanes.set_count(1), blas.get_threads()
+    blas.set_threads(1)
+    os.sched_setaffinity(0, {cores[0]})
+    steps, rounds = (20, 3) if QUICK else (100, 5)
+    step_time(trainer2.replicas[0], 5)
+    best = {kind: float("inf") for kind in [None] + KINDS}
+    for _ in range(rounds):
+        for kind in best:
+            t, count = next_to(kind, steps)
+            best[kind] = min(best[kind], t)
+            assert kind is None or count > 0, f"the neighbour ({kind}) never ran"
+    os.sched_setaffinity(0, here)
+    lanes.set_count(lanes_before)
+    if blas_before:
+        blas.set_threads(blas_before)
+    alone = best[None]
+    print(f"worker 0's step ({rows_per_worker} images) alone on core {cores[0]}: {alone * 1e3:.2f} ms")
+    for kind in KINDS:
+        print(f"  next to {kind:22s} {best[kind] * 1e3:7.2f} ms  ({best[kind] / alone:.2f}x alone)")
+
+    fig, ax = plt.subplots(figsize=(6.5, 2.4))
+    ax.barh(KINDS, [100 * (best[k] / alone - 1) for k in KINDS], color=["C2", "C3", "C0", "C1"])
+    ax.axvline(0, color="k", lw=0.8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"worker 0's step: % longer than alone ({alone * 1e3:.2f} ms)")
+    ax.set_title("what the other core's work costs this one (measured)")
+    show(fig, "09_neighbours")
+else:
+    print("one core available: the neighbours need a second one (skipped)")
+
+# %% [markdown]
+# Read the first three bars against each other: the copying process costs a step more than the
+# computing one, because the step's data and the neighbour's buffer compete for the same shared
+# cache; worker 1's replica in a process computes and streams its own activations, so it sits
+# between them. The last bar adds what threads share: the GIL. Each replica holds it for its
+# Python between two kernels, and a thread leaving a kernel waits while the other holds it. How
+# much that adds depends on how much of the step is Python (compare the quick mode's bars with
+# the full mode's, four times the images per worker); a few percent between the last two bars is
+# within what the machine's own noise moves from one run to the next, so rerun before you read
+# anything into it.
+# `python benchmarks/parallel_floor.py` measures all of it for LeNet at its real batch, and
+# `docs/PARALLEL.md` ("What two cores of this machine allow") has the figures of the machine
+# this course was written on.
+
+# %% [markdown]
 # ## Exercises
 # 1. Write `may_start(clock, applied, staleness)`, the rule a worker checks before clock `clock`,
 #    and `shard_bounds(batch, n)`, the `(lo, hi)` rows of each of n workers (sizes differing by
@@ -308,6 +427,10 @@ assert mem["planned"] < mem["naive"]
 #    each weighted by its shard's share of the batch. Check: `python -m tutorials.check 09.2`
 # 3. (thought) Why does BSP with N workers compute the same update as one worker on the whole
 #    batch, while SSP does not? What does SSP buy, and when is it worth it?
+# 4. (thought) Two processes that share nothing but the machine run two LeNet replicas in step
+#    faster than two threads of one process do. What do the two threads share that the
+#    processes do not? Why does a net whose step is long and bound by arithmetic (CIFAR-10
+#    quick) get closer to 2x from two workers than LeNet does?
 #
 # Answers to the thought questions: `tutorials/solutions/ANSWERS.md`.
 
