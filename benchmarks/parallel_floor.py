@@ -29,7 +29,15 @@ trains (LeNet on MNIST: the solver's net, which reads its batch through its Data
   core 0 while a process on core 1 runs a compute-only loop (``fma``: registers only), OpenBLAS
   SGEMM on 256x256 matrices (``sgemm``: its working set in core 1's L2) or copies a buffer of
   ``--stream-mb`` MiB again and again (``stream``: L3 and memory traffic), so that the table says
-  which kind of neighbour slows a step down.
+  which kind of neighbour slows a step down;
+* whole steps (``--no-steps`` to skip), the update included: ``one thread, a solver step`` (the
+  solver's ``step``: its reader, its loop, its update), ``--workers 2, a runtime step`` (a
+  ``ParallelTrainer``'s ``step``, the threaded runtime) and ``two processes, a BSP step``: two
+  forked processes each running a worker's whole clock as the runtime's worker does (copy its
+  rows in, zero its gradient, forward and backward, meet, its range of shard.py's fused update,
+  meet) with W, the two gradient vectors, G and the history in one shared mapping.  That last
+  row is what a runtime of worker *processes* could reach; it reads no batch (each replica keeps
+  its rows), gathers no loss and runs no Solver loop, which the runtime's row pays for.
 
 It prints the medians over rounds of the wall time per step and of each thread's CPU time per
 step (``time.thread_time``; a process's ``time.process_time``), and ``batch B / in step``: the
@@ -39,6 +47,7 @@ most ``--workers 2`` could reach against one thread if the runtime cost nothing;
 """
 
 import argparse
+import mmap
 import multiprocessing
 import os
 import queue
@@ -46,6 +55,8 @@ import statistics
 import sys
 import threading
 import time
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -87,10 +98,11 @@ def two_threads(nets, steps, in_step):
     return time.perf_counter() - t0, cpu
 
 
-def _process_loop(net, k, steps, warmup, barrier, in_step, out):
+def _process_loop(k, nets, steps, warmup, in_step, barrier, out):
     """One forked process: ``net`` trained on core ``k``, after ``warmup`` steps (the first
     writes copy the parent's pages); puts (k, wall s, CPU s) of the ``steps`` timed ones."""
     os.sched_setaffinity(0, {k})
+    net = nets[k]
     for _ in range(warmup):
         net.forward_backward()
     barrier.wait()
@@ -102,13 +114,14 @@ def _process_loop(net, k, steps, warmup, barrier, in_step, out):
     out.put((k, time.perf_counter() - t0, time.process_time() - c0))
 
 
-def two_processes(nets, steps, warmup, in_step, timeout=600.0):
-    """As ``two_threads``, in two processes forked from this one: they share only the machine.
-    A process that dies (or a pair not done within ``timeout`` s) ends the benchmark with a
-    message; the other process is stopped."""
+def _pair(target, args, timeout):
+    """Run ``target(k, *args, barrier, out)`` in two processes forked from this one (k = 0, 1),
+    which meet at ``barrier`` and each put (k, wall s, CPU s) on ``out``; the slower wall and
+    both CPU times.  A process that dies (or a pair not done within ``timeout`` s) ends the
+    benchmark with a message; the other process is stopped."""
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(2, timeout=timeout), ctx.Queue()
-    procs = [ctx.Process(target=_process_loop, args=(nets[k], k, steps, warmup, barrier, in_step, out)) for k in range(2)]  # fmt: skip
+    procs = [ctx.Process(target=target, args=(k, *args, barrier, out)) for k in range(2)]
     for proc in procs:
         proc.start()
     results, deadline = [], time.monotonic() + timeout
@@ -129,6 +142,77 @@ def two_processes(nets, steps, warmup, in_step, timeout=600.0):
             proc.join()
     results.sort()
     return max(r[1] for r in results), [r[2] for r in results]
+
+
+def two_processes(nets, steps, warmup, in_step, timeout=600.0):
+    """As ``two_threads``, in two processes forked from this one: they share only the machine."""
+    return _pair(_process_loop, (nets, steps, warmup, in_step), timeout)
+
+
+def _bsp_loop(k, trainer, shared, plan, rule, rate, steps, warmup, barrier, out):
+    """One forked process: worker ``k``'s whole BSP clock as the runtime's worker runs it (copy
+    its rows in, zero its gradient, forward and backward, meet, its range of the sharded update,
+    meet), with W, the two gradient vectors, G and the history in ``shared`` memory."""
+    os.sched_setaffinity(0, {k})
+    w, grads, g, h = shared
+    trainer.rep_layouts[k].attach_data(w, copy=False)
+    trainer.rep_layouts[k].attach_diff(grads[k])
+    net = trainer.replicas[k]
+    rows = [(net.blobs[name], net.blobs[name].data.copy()) for name in net.inputs]
+
+    def clock():
+        for blob, data in rows:
+            blob.data[...] = data
+        grads[k][...] = 0
+        net.forward_backward()
+        barrier.wait()
+        plan.run(k, grads, trainer.weights, w, g, [h], rule, rate)
+        barrier.wait()
+
+    for _ in range(warmup):
+        clock()
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(steps):
+        clock()
+    out.put((k, time.perf_counter() - t0, time.process_time() - c0))
+
+
+def bsp_processes(trainer, solver, steps, warmup, timeout=600.0, result=None):
+    """Two processes running the two replicas' BSP step (``_bsp_loop``) with the parameters,
+    gradients and history in one shared mapping, starting from the trainer's W and history: what
+    a runtime of worker *processes* could reach.  The rate is the solver's base_lr, fixed; no
+    batch is read (each replica's rows stay those it holds) and no loss is gathered.  A dict
+    ``result`` gets the weights after the run ("W")."""
+    from minicaffe.parallel.shard import Rule, ShardPlan
+
+    n = trainer.W.size
+    flat = np.frombuffer(mmap.mmap(-1, 5 * n * 4), np.float32)
+    w, grads, g, h = flat[:n], flat[n : 3 * n].reshape(2, n), flat[3 * n : 4 * n], flat[4 * n :]
+    w[...] = trainer.W
+    h[...] = trainer.H[0]  # (SGD's momentum; the fused pass of SGD and Nesterov reads one vector)
+    net, decay = solver.net, solver.param.weight_decay
+    plan = ShardPlan(
+        trainer.layout.offsets,
+        trainer.layout.counts,
+        tuple(net.params_lr),
+        tuple(decay * d for d in net.params_weight_decay),
+        2,
+    )
+    rule = Rule(solver)
+    if rule.code:
+        raise SystemExit(f"the BSP processes run SGD's fused pass; this solver is {solver.type}")
+    args = (trainer, (w, grads, g, h), plan, rule, solver.param.base_lr, steps, warmup)
+    times = _pair(_bsp_loop, args, timeout)
+    if result is not None:
+        result["W"] = w.copy()
+    return times
+
+
+def stepped(step, steps):
+    """(wall s, CPU s of this process) for ``step(steps)``: a solver's or a trainer's run."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    step(steps)
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def _neighbour(kind, stream_mb, stop):
@@ -179,6 +263,12 @@ def main(argv=None):
         "--no-neighbours", dest="neighbours", action="store_false", help="skip the half batch next to a load"
     )
     p.add_argument("--stream-mb", type=float, default=8.0, help="the buffer the stream neighbour copies, MiB")
+    p.add_argument(
+        "--no-steps",
+        dest="whole_steps",
+        action="store_false",
+        help="skip the whole steps (solver, runtime, BSP processes)",
+    )
     args = p.parse_args(argv)
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("two threads on two cores: this process may use fewer than 2 cores")
@@ -202,6 +292,17 @@ def main(argv=None):
         names += ["two processes, free", "two processes, in step"]
     kinds = ("fma", "sgemm", "stream") if args.neighbours else ()
     names += [f"batch {half}, next to {kind}" for kind in kinds]
+    solver_step, runtime_step, bsp_step = (
+        "one thread, a solver step",
+        "--workers 2, a runtime step",
+        "two processes, a BSP step",
+    )
+    runtime = None
+    if args.whole_steps:
+        names += [solver_step, runtime_step, bsp_step]
+        runtime = ParallelTrainer(bench.minicaffe_solver("lenet"), 2, blas_threads=1)
+        for step in (serial.step, runtime.step):
+            step(args.warmup)
     rows = {name: ([], [], []) for name in names}
     cores = os.sched_getaffinity(0)
 
@@ -221,6 +322,12 @@ def main(argv=None):
         for kind in kinds:
             add(f"batch {half}, next to {kind}", *next_to(pair[0], args.steps, kind, args.stream_mb))
         os.sched_setaffinity(0, cores)
+        if runtime is not None:
+            add(solver_step, *stepped(serial.step, args.steps))
+            add(runtime_step, *stepped(runtime.step, args.steps))
+            add(bsp_step, *bsp_processes(trainer, serial, args.steps, args.warmup))
+    if runtime is not None:
+        runtime.close()
     med = statistics.median
     ms = lambda s: f"{1000.0 * s:7.3f}"  # noqa: E731
     print(f"LeNet TRAIN forward+backward, medians of {args.rounds} rounds x {args.steps} steps; "
@@ -231,9 +338,9 @@ def main(argv=None):
         print(f"  {name:28s} {ms(med(wall)):>8s} {cpu:>20s}")
     w = {name: med(r[0]) for name, r in rows.items()}
 
-    def ratio(name):  # the median and range over rounds of round r's one thread / round r's row
-        per = [a / b for a, b in zip(rows[one][0], rows[name][0])]
-        return f"{w[one] / w[name]:.2f}x (per round {med(per):.2f}x, {min(per):.2f}..{max(per):.2f})"
+    def ratio(name, base=one):  # the median and range over rounds of round r's base / round r's row
+        per = [a / b for a, b in zip(rows[base][0], rows[name][0])]
+        return f"{w[base] / w[name]:.2f}x (per round {med(per):.2f}x, {min(per):.2f}..{max(per):.2f})"
 
     print(
         f"  batch {whole} / two threads free: {ratio('two threads, free')}; / in step: {ratio('two threads, in step')}"
@@ -243,6 +350,10 @@ def main(argv=None):
         print(f"  batch {whole} / two processes free: {ratio('two processes, free')}; / in step: "
               f"{ratio('two processes, in step')}")  # fmt: skip
         print("    (two workers that share nothing but the machine)")
+    if runtime is not None:
+        print(f"  a solver step / the runtime's: {ratio(runtime_step, solver_step)}; / the BSP processes': "
+              f"{ratio(bsp_step, solver_step)}")  # fmt: skip
+        print("    (whole steps: the update too; the runtime also reads the batch and runs the Solver's loop)")
     for kind in kinds:
         print(f"  batch {half} next to {kind}: {w[f'batch {half}, next to {kind}'] / w[single]:.2f}x its time alone")
 

@@ -62,3 +62,52 @@ def test_next_to_runs_the_step_on_core_0_while_the_neighbour_loops_and_stops_it(
         os.sched_setaffinity(0, cores)
     assert calls.value == 5 and wall > 0 and cpu >= 0
     assert not multiprocessing.active_children()  # the neighbour was stopped and joined
+
+
+def _lenet_solver(batch):
+    """LeNet's solver on one synthetic batch read again and again (every batch the same rows),
+    a fixed rate: a BSP step is then a function of W and the history alone."""
+    import minicaffe as caffe
+    from minicaffe import proto
+    from minicaffe.parallel import with_synthetic_data
+    from minicaffe.solvers import load_solver_param
+
+    param, base = load_solver_param(os.path.join(ROOT, "nets", "lenet_solver.prototxt"))
+    netp = proto.parse_file(os.path.join(base, param.net), "NetParameter")
+    netp = with_synthetic_data(netp, count=batch, shuffle=False)
+    for lp in netp.layer:
+        if lp.type == "Data":
+            lp.data_param.batch_size = batch
+    param.clear("net")
+    param.net_param = netp
+    for f in ("test_iter", "test_interval", "snapshot"):
+        param.clear(f)
+    param.display = 0
+    param.lr_policy = "fixed"
+    caffe.set_random_seed(1)
+    return caffe.get_solver(param, base_dir=base, log=lambda m: None)
+
+
+def test_bsp_processes_compute_the_threaded_runtimes_update():
+    """The two processes' BSP clocks (shared W, gradients and history; shard.py's update) give
+    the weights the threaded runtime gives: the benchmark's row times real training steps."""
+    from minicaffe.parallel import ParallelTrainer, blas, lanes
+
+    lanes_before, blas_before = lanes.set_count(1), blas.get_threads()  # (a forked child has no helper threads)
+    blas.set_threads(1)
+    try:
+        with ParallelTrainer(_lenet_solver(8), 2, log=lambda m: None) as ref:
+            ref.step(5)
+        solver = _lenet_solver(8)
+        with ParallelTrainer(solver, 2, log=lambda m: None) as trainer:
+            trainer.step(2)
+        result = {}
+        wall, cpu = floor.bsp_processes(trainer, solver, steps=3, warmup=0, timeout=120, result=result)
+    finally:
+        lanes.set_count(lanes_before)
+        if blas_before:
+            blas.set_threads(blas_before)
+    assert wall > 0 and len(cpu) == 2
+    assert not np.array_equal(result["W"], trainer.W)  # three updates were applied
+    np.testing.assert_allclose(result["W"], ref.W, rtol=1e-6, atol=1e-7)  # clocks 3..5, as the runtime ran them
+    assert not multiprocessing.active_children()
