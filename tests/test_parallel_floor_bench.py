@@ -67,25 +67,10 @@ def test_next_to_runs_the_step_on_core_0_while_the_neighbour_loops_and_stops_it(
 def _lenet_solver(batch):
     """LeNet's solver on one synthetic batch read again and again (every batch the same rows),
     a fixed rate: a BSP step is then a function of W and the history alone."""
-    import minicaffe as caffe
-    from minicaffe import proto
-    from minicaffe.parallel import with_synthetic_data
-    from minicaffe.solvers import load_solver_param
+    from minicaffe.parallel import synthetic_solver
 
-    param, base = load_solver_param(os.path.join(ROOT, "nets", "lenet_solver.prototxt"))
-    netp = proto.parse_file(os.path.join(base, param.net), "NetParameter")
-    netp = with_synthetic_data(netp, count=batch, shuffle=False)
-    for lp in netp.layer:
-        if lp.type == "Data":
-            lp.data_param.batch_size = batch
-    param.clear("net")
-    param.net_param = netp
-    for f in ("test_iter", "test_interval", "snapshot"):
-        param.clear(f)
-    param.display = 0
-    param.lr_policy = "fixed"
-    caffe.set_random_seed(1)
-    return caffe.get_solver(param, base_dir=base, log=lambda m: None)
+    solver_file = os.path.join(ROOT, "nets", "lenet_solver.prototxt")
+    return synthetic_solver(solver_file, batch, count=batch, shuffle=False, lr_policy="fixed", random_seed=1)
 
 
 def test_bsp_processes_compute_the_threaded_runtimes_update():
@@ -111,3 +96,17 @@ def test_bsp_processes_compute_the_threaded_runtimes_update():
     assert not np.array_equal(result["W"], trainer.W)  # three updates were applied
     np.testing.assert_allclose(result["W"], ref.W, rtol=1e-6, atol=1e-7)  # clocks 3..5, as the runtime ran them
     assert not multiprocessing.active_children()
+
+
+def test_synthetic_solver_reads_synthetic_batches_of_the_size_asked():
+    from minicaffe.parallel import synthetic_solver
+
+    a, b = (
+        synthetic_solver(os.path.join(ROOT, "nets", "lenet_solver.prototxt"), 6, random_seed=3, base_lr=0.5)
+        for _ in range(2)
+    )
+    assert a.net.blobs["data"].shape == (6, 1, 28, 28) and a.param.base_lr == 0.5
+    assert a.param.display == 0 and not a.param.has("test_interval") and not a.test_nets  # no tests
+    assert a.net.layers[0].param.data_param.source.startswith("synthetic:1x28x28:10:1024:")
+    for x, y in zip(a.net.learnable_params, b.net.learnable_params):
+        np.testing.assert_array_equal(x.data, y.data)  # the same seed: the same start

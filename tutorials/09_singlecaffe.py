@@ -22,10 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from _course import QUICK, ROOT, cleanup, show
 
-import minicaffe as caffe
-from minicaffe import proto
-from minicaffe.parallel import ParallelTrainer, with_synthetic_data
-from minicaffe.solvers import load_solver_param
+from minicaffe.parallel import ParallelTrainer, synthetic_solver
 
 print("quick mode" if QUICK else "full mode", "| cores:", os.cpu_count())
 
@@ -207,18 +204,9 @@ class Losses:
 
 
 def lenet_solver(batch):
-    param, base = load_solver_param(os.path.join(ROOT, "nets", "lenet_solver.prototxt"))
-    net = with_synthetic_data(proto.parse_file(os.path.join(base, param.net), "NetParameter"))
-    for lp in net.layer:
-        if lp.type == "Data":
-            lp.data_param.batch_size = batch
-    param.clear("net")
-    param.net_param = net
-    for f in ("test_iter", "test_interval", "snapshot"):
-        param.clear(f)
-    param.display = 0
-    caffe.set_random_seed(1)
-    return caffe.get_solver(param, base_dir=base, log=lambda m: None)
+    """Caffe's LeNet solver on synthetic MNIST-shaped data (no download), ``batch`` images a
+    batch, no tests, seeded: two solvers made alike start from the same weights."""
+    return synthetic_solver(os.path.join(ROOT, "nets", "lenet_solver.prototxt"), batch, random_seed=1)
 
 
 def run(workers, staleness, iters, batch):

@@ -23,6 +23,7 @@ _LAZY = {
     "shard_sizes": "replica",
     "shard_bounds": "replica",
     "with_synthetic_data": "replica",
+    "synthetic_solver": "replica",
 }
 
 
@@ -40,4 +41,5 @@ __all__ = [
     "shard_sizes",
     "shard_bounds",
     "with_synthetic_data",
+    "synthetic_solver",
 ]

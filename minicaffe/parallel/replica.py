@@ -88,3 +88,35 @@ def with_synthetic_data(net_param, count=1024, shuffle=None):
             "" if shuffle is None else f"?shuffle={'true' if shuffle else 'false'}"
         )
     return out
+
+
+def synthetic_solver(solver_file, batch=None, count=1024, shuffle=None, **fields):
+    """The Solver of ``solver_file`` with its training net's Data layers reading synthetic data
+    (``with_synthetic_data``: MNIST or CIFAR-10 shapes), ``batch`` images per training batch when
+    given, no tests, no display and no snapshots; ``fields`` set SolverParameter fields (for
+    example ``lr_policy="fixed"``).  Seeded by the solver's ``random_seed`` when it has one, so
+    two solvers made alike start alike.  Tests, benchmarks and lessons train with it without a
+    download."""
+    import os
+
+    from ..solvers import get_solver, load_solver_param
+
+    param, base = load_solver_param(solver_file)
+    if param.has("net_param"):
+        netp = param.net_param
+    else:
+        netp = proto.parse_file(os.path.join(base, param.net), "NetParameter")
+    netp = with_synthetic_data(netp, count=count, shuffle=shuffle)
+    if batch:
+        for lp in netp.layer:
+            if lp.type == "Data" and "TEST" not in str(lp.include):
+                lp.data_param.batch_size = batch
+    param.clear("net")
+    param.net_param = netp
+    for name in ("test_iter", "test_interval", "snapshot"):
+        param.clear(name)
+    param.display = 0
+    param.snapshot_after_train = False
+    for name, value in fields.items():
+        setattr(param, name, value)
+    return get_solver(param, base_dir=base, log=lambda m: None)
