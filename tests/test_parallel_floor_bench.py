@@ -108,5 +108,7 @@ def test_synthetic_solver_reads_synthetic_batches_of_the_size_asked():
     assert a.net.blobs["data"].shape == (6, 1, 28, 28) and a.param.base_lr == 0.5
     assert a.param.display == 0 and not a.param.has("test_interval") and not a.test_nets  # no tests
     assert a.net.layers[0].param.data_param.source.startswith("synthetic:1x28x28:10:1024:")
+    test_data = [lp for lp in a.param.net_param.layer if lp.type == "Data" and lp.include[0].phase == "TEST"]
+    assert [lp.data_param.batch_size for lp in test_data] == [100]  # the test phase's batch is left as it was
     for x, y in zip(a.net.learnable_params, b.net.learnable_params):
         np.testing.assert_array_equal(x.data, y.data)  # the same seed: the same start

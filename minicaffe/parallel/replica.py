@@ -8,10 +8,12 @@ slice of it.  So the data order, the reader's snapshot position and the global b
 exactly those of a one-thread run.
 """
 
+import os
+
 import numpy as np
 
 from .. import proto
-from ..net import TRAIN, Net, filter_layers
+from ..net import TEST, TRAIN, Net, filter_layers, normalize_phase
 from ..rng import get_rng
 
 
@@ -97,8 +99,6 @@ def synthetic_solver(solver_file, batch=None, count=1024, shuffle=None, **fields
     example ``lr_policy="fixed"``).  Seeded by the solver's ``random_seed`` when it has one, so
     two solvers made alike start alike.  Tests, benchmarks and lessons train with it without a
     download."""
-    import os
-
     from ..solvers import get_solver, load_solver_param
 
     param, base = load_solver_param(solver_file)
@@ -109,8 +109,8 @@ def synthetic_solver(solver_file, batch=None, count=1024, shuffle=None, **fields
     netp = with_synthetic_data(netp, count=count, shuffle=shuffle)
     if batch:
         for lp in netp.layer:
-            if lp.type == "Data" and "TEST" not in str(lp.include):
-                lp.data_param.batch_size = batch
+            if lp.type == "Data" and not any(r.has("phase") and normalize_phase(r.phase) == TEST for r in lp.include):
+                lp.data_param.batch_size = batch  # (a Data layer of the test phase keeps its batch)
     param.clear("net")
     param.net_param = netp
     for name in ("test_iter", "test_interval", "snapshot"):
