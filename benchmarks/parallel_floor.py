@@ -10,8 +10,9 @@ runtime cost (no gradients reduced, no update, no batch fetched), two threads do
 already take longer than one thread does on half the batch: they share the memory system, and
 each hands the GIL to the other between its kernels.  This script measures that, in one process
 and two forked from it (one lane, OpenBLAS 1 thread), on the nets ``benchmarks/parallel_ratio.py``
-trains (LeNet on MNIST: the solver's net, which reads its batch through its Data layer, and the two replicas of a
-``ParallelTrainer``, Input layers holding a batch's rows), alternating in each round:
+trains (LeNet on MNIST: the solver's net, which reads its batch through its Data layer, and the
+two replicas of a ``ParallelTrainer``, Input layers holding a batch's rows), alternating in each
+round:
 
 * ``one thread, batch B``: the solver's net, ``net.forward_backward()`` in a loop;
 * ``one thread, batch B/2``: worker 0's replica, alone on the machine;
@@ -42,8 +43,9 @@ trains (LeNet on MNIST: the solver's net, which reads its batch through its Data
 It prints the medians over rounds of the wall time per step and of each thread's CPU time per
 step (``time.thread_time``; a process's ``time.process_time``), and ``batch B / in step``: the
 most ``--workers 2`` could reach against one thread if the runtime cost nothing; with
-``--processes``, also the most any two workers that share nothing could reach on this machine.  Run it next to ``benchmarks/parallel_ratio.py``
-(the runtime's own ratio) to see how much of the gap to 2x is the runtime's.
+``--processes``, also the most any two workers that share nothing could reach on this machine.
+Run it next to ``benchmarks/parallel_ratio.py`` (the runtime's own ratio) to see how much of the
+gap to 2x is the runtime's.
 """
 
 import argparse
@@ -183,21 +185,14 @@ def bsp_processes(trainer, solver, steps, warmup, timeout=600.0, result=None):
     a runtime of worker *processes* could reach.  The rate is the solver's base_lr, fixed; no
     batch is read (each replica's rows stay those it holds) and no loss is gathered.  A dict
     ``result`` gets the weights after the run ("W")."""
-    from minicaffe.parallel.shard import Rule, ShardPlan
+    from minicaffe.parallel.shard import Rule, ShardPlan, rates_and_decays
 
     n = trainer.W.size
     flat = np.frombuffer(mmap.mmap(-1, 5 * n * 4), np.float32)
     w, grads, g, h = flat[:n], flat[n : 3 * n].reshape(2, n), flat[3 * n : 4 * n], flat[4 * n :]
     w[...] = trainer.W
     h[...] = trainer.H[0]  # (SGD's momentum; the fused pass of SGD and Nesterov reads one vector)
-    net, decay = solver.net, solver.param.weight_decay
-    plan = ShardPlan(
-        trainer.layout.offsets,
-        trainer.layout.counts,
-        tuple(net.params_lr),
-        tuple(decay * d for d in net.params_weight_decay),
-        2,
-    )
+    plan = ShardPlan(trainer.layout.offsets, trainer.layout.counts, *rates_and_decays(solver), 2)
     rule = Rule(solver)
     if rule.code:
         raise SystemExit(f"the BSP processes run SGD's fused pass; this solver is {solver.type}")
@@ -219,8 +214,6 @@ def _neighbour(kind, stream_mb, stop):
     """Core 1's load next to a step: until ``stop`` is set, a Python arithmetic loop (``fma``:
     registers and L1 only), OpenBLAS SGEMM on 256x256 (``sgemm``: in the core's own L2), or
     copies of a ``stream_mb`` MiB buffer (``stream``: through the shared L3 and memory)."""
-    import numpy as np
-
     os.sched_setaffinity(0, {1})
     if kind == "fma":
         x = 1.0

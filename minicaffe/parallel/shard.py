@@ -203,6 +203,13 @@ def shard_ranges(count, n):
     return [(cuts[k], cuts[k + 1]) for k in range(n)]
 
 
+def rates_and_decays(solver):
+    """Each parameter's lr_mult and its L2 decay (the solver's weight_decay times the parameter's
+    decay_mult), as tuples: what a ShardPlan needs of the solver besides the layout."""
+    wd = solver.param.weight_decay  # (read once: a message field costs ~3 us a read)
+    return tuple(solver.net.params_lr), tuple(wd * d for d in solver.net.params_weight_decay)
+
+
 class ShardPlan:
     """Each worker's segments: ``bounds[k]`` (int64 cuts), ``lr_mults[k]``, ``decays[k]``."""
 
